@@ -1,0 +1,251 @@
+"""The `ralph` command. Handlers import what they need when they run, so `ralph emit`
+never pays for yaml, cattrs or transitions."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_ABORTED, EXIT_LIMIT = 0, 1, 2, 3, 4, 5
+EXIT_SIGINT = 130
+SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only open session)"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def workspace(args) -> str:
+    return os.path.abspath(getattr(args, "workspace", None)
+                           or os.environ.get("RALPH_WORKSPACE") or os.getcwd())
+
+
+# --- session start / resume ---
+
+def cmd_start(args) -> int:
+    from session_store import Limits, create, dump_yaml
+
+    from . import config as cfg
+    config = cfg.load(args.config)
+    if args.agent:
+        config.agent = _choose_agent(config.agent, args.agent)
+    objective = args.objective
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                objective = f.read()
+        except OSError as e:
+            raise _bad(f"{args.prompt_file}: cannot read the objective ({e.strerror})")
+    if not objective or not objective.strip():
+        raise _bad("an objective is required: ralph session start \"OBJECTIVE\" or -p FILE")
+    loop = config.event_loop
+    limits = Limits(max_iterations=loop.max_iterations,
+                    max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
+    _apply_limit_flags(limits, args)
+    from .clock import SystemClock
+    session = create(workspace(args), objective.strip(), now=SystemClock().now(),
+                     session_id=args.id, limits=limits,
+                     config_path=os.path.abspath(args.config) if args.config else None,
+                     files={cfg.SNAPSHOT: dump_yaml(cfg.to_data(cfg.without_secrets(config)))})
+    print(f"session {session.id} created in {session.dir}", flush=True)
+    return _run(session, config, resume=False)
+
+
+def cmd_resume(args) -> int:
+    from session_store import BadInput, Status, load
+
+    from . import config as cfg
+    session = load(workspace(args), args.session_id)
+    status = session.metadata.status
+    if status in (Status.COMPLETED, Status.ABORTED):
+        raise BadInput(f"session {session.id} is {status.value}: there is nothing to resume")
+    config = cfg.load_session_config(session)
+    _apply_limit_flags(session.metadata.limits, args)
+    return _run(session, config, resume=True, message=args.message)
+
+
+def _run(session, config, *, resume: bool, message: str | None = None) -> int:
+    from session_store import acquire_lock, release_lock
+
+    from .driver import Engine
+    lock = acquire_lock(session.dir, session.id)
+    try:
+        engine = Engine(session, config)
+        if message:
+            engine.add_resume_message(message)
+        return engine.run(resume=resume)
+    finally:
+        release_lock(lock)
+
+
+def _apply_limit_flags(limits, args) -> None:
+    if args.max_iterations is not None:
+        limits.max_iterations = args.max_iterations
+    if args.max_runtime is not None:
+        limits.max_runtime_seconds = args.max_runtime
+    if args.max_cost is not None:
+        limits.max_cost_usd = args.max_cost
+
+
+def _choose_agent(agent, name: str):
+    import attrs
+
+    from .agents import installed_backend
+    from .config import Backend
+    if name == "auto":
+        found = installed_backend()
+        if found is None:
+            raise _bad("--agent auto: none of the agent CLIs (claude, codex, gemini, kiro, amp, "
+                       "copilot, opencode) is on the PATH")
+        return attrs.evolve(agent, backend=found)
+    try:
+        return attrs.evolve(agent, backend=Backend(name))
+    except ValueError:
+        raise _bad(f"--agent {name}: expected auto or one of "
+                   f"{', '.join(b.value for b in Backend)}") from None
+
+
+# --- status / list ---
+
+def cmd_status(args) -> int:
+    import json
+
+    from session_store import resolve_id
+
+    from .views import session_view, status_text
+    ws = workspace(args)
+    view = session_view(ws, resolve_id(ws, args.session_id))
+    print(json.dumps(view, indent=2) if args.json else status_text(view))
+    return EXIT_OK
+
+
+def cmd_list(args) -> int:
+    import json
+
+    from .views import list_text, list_views
+    views = list_views(workspace(args))
+    print(json.dumps(views, indent=2) if args.json else list_text(views))
+    return EXIT_OK
+
+
+# --- init / validate ---
+
+def cmd_init(args) -> int:
+    from importlib import resources
+
+    from session_store import write_atomic
+    path = args.output
+    if os.path.exists(path) and not args.force:
+        raise _bad(f"{path} already exists; use --force to overwrite it")
+    write_atomic(path, resources.files("engine").joinpath("ralph.yml.template").read_text(),
+                 "config")
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from . import config as cfg
+    path = args.config or "ralph.yml"
+    if not os.path.exists(path):
+        raise _bad(f"{path}: no such config file")
+    cfg.load(path, all_errors=True)
+    print(f"{path}: valid")
+    return EXIT_OK
+
+
+def _bad(message: str):
+    from session_store import BadInput
+    return BadInput(message)
+
+
+# --- the parser ---
+
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
+    common.add_argument("--workspace", default=argparse.SUPPRESS,
+                        help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
+    parser = Parser(prog="ralph", parents=[common],
+                    description="Drive coding agents through a durable, human-steerable state machine.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("init", parents=[common], help="write a commented ralph.yml with every default")
+    p.add_argument("-o", "--output", default="ralph.yml")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(handler=cmd_init)
+
+    p = sub.add_parser("validate", parents=[common], help="check a config, print every error")
+    p.add_argument("-c", "--config")
+    p.set_defaults(handler=cmd_validate)
+
+    session = sub.add_parser("session", help="start, resume and inspect sessions")
+    ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser)
+
+    def limit_flags(p):
+        p.add_argument("--max-iterations", type=int)
+        p.add_argument("--max-runtime", type=float, metavar="SECONDS")
+        p.add_argument("--max-cost", type=float, metavar="USD")
+
+    p = ssub.add_parser("start", parents=[common], help="create a session and run it")
+    p.add_argument("objective", nargs="?")
+    p.add_argument("-p", "--prompt-file", metavar="FILE", help="read the objective from FILE")
+    p.add_argument("-c", "--config", help="ralph.yml (default: ./ralph.yml if present)")
+    p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
+    p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
+    limit_flags(p)
+    p.set_defaults(handler=cmd_start)
+
+    p = ssub.add_parser("resume", parents=[common], help="continue a paused or interrupted session")
+    p.add_argument("session_id", metavar="ID")
+    p.add_argument("--message", help="guidance for the next agent invocation")
+    limit_flags(p)
+    p.set_defaults(handler=cmd_resume)
+
+    p = ssub.add_parser("status", parents=[common], help="where a session stands")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_status)
+
+    p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_list)
+
+    p = sub.add_parser("emit", help="for agents: append an event to the session's bus")
+    p.add_argument("topic")
+    p.add_argument("payload", nargs="?")
+    p.add_argument("--json")
+    return parser
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["emit"]:  # the hot path: no argparse tree, no heavy imports
+        from .emit import main as emit_main
+        return emit_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM leaves the session resumable, like ^C
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("ralph: interrupted; the session is resumable", file=sys.stderr)
+        return EXIT_SIGINT
+    except Exception as e:
+        from session_store import BadInput
+        if isinstance(e, BadInput):
+            print(f"ralph: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if os.environ.get("RALPH_DEBUG"):
+            raise
+        print(f"ralph: internal error: {type(e).__name__}: {e} (RALPH_DEBUG=1 shows where)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The bundled demo agent: plays a scripted session deterministically, no network, no model.
+
+A scenario YAML lists steps; the first whose `role` (and, when given, `iteration`,
+`task`, `attempt`) matches this invocation is played:
+
+    steps:
+      - role: executor          # planner | executor | reviewer | librarian | questioner
+        iteration: 1            # optional filters
+        task: t2
+        attempt: 1
+        sleep: 0.5              # seconds, before anything else
+        write: {"src/{task}.py": "print('hi')\\n"}        # relative to the workspace
+        write_iteration: {"knowledge/notes.md": "..."}    # relative to RALPH_ITERATION_DIR
+        emit:                   # events, as `ralph emit` would append them
+          - {topic: build.done, payload: "tests: pass, lint: pass"}
+          - {topic: plan.ready, json: {tasks: [{id: t1, title: "...", batch: 1}]}}
+        stdout: "text to print"
+        exit: 0
+
+`{task}`, `{iteration}`, `{role}` and `{attempt}` are replaced in strings. No matching
+step: the agent does nothing and exits 0. This is how users rehearse a config and how
+the tests drive every path.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from importlib import resources
+
+import yaml
+
+from session_store._atomic import make_dirs, write_atomic
+from session_store._events import append_event
+
+BUILTIN = "builtin.yaml"
+
+
+def load_scenario(path: str | None) -> dict:
+    if path is None:
+        text = resources.files("engine.scenarios").joinpath(BUILTIN).read_text()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    return yaml.safe_load(text) or {}
+
+
+def _fill(value, names: dict):
+    if isinstance(value, str):
+        for key, sub in names.items():
+            value = value.replace("{" + key + "}", str(sub))
+        return value
+    if isinstance(value, list):
+        return [_fill(v, names) for v in value]
+    if isinstance(value, dict):
+        return {_fill(k, names): _fill(v, names) for k, v in value.items()}
+    return value
+
+
+def find_step(scenario: dict, names: dict) -> dict | None:
+    for step in scenario.get("steps", []):
+        if step.get("role") != names["role"]:
+            continue
+        if all(str(step[k]) == str(names[k]) for k in ("iteration", "task", "attempt") if k in step):
+            return _fill(step, names)
+    return None
+
+
+def play(step: dict, env: dict) -> int:
+    time.sleep(float(step.get("sleep", 0)) * float(env.get("RALPH_DEMO_SLEEP_SCALE", 1)))
+    for rel, content in (step.get("write") or {}).items():
+        _write(os.path.join(os.getcwd(), rel), content)
+    for rel, content in (step.get("write_iteration") or {}).items():
+        _write(os.path.join(env["RALPH_ITERATION_DIR"], rel), content)
+    iteration = env.get("RALPH_ITERATION")
+    for event in step.get("emit") or []:
+        payload = event["json"] if "json" in event else event.get("payload")
+        append_event(env["RALPH_SESSION_DIR"], event["topic"], payload, source=env["RALPH_ROLE"],
+                     iteration=int(iteration) if iteration else None, state=env.get("RALPH_STATE"))
+    if step.get("stdout"):
+        print(step["stdout"], flush=True)
+    return int(step.get("exit", 0))
+
+
+def _write(path: str, content: str) -> None:
+    make_dirs(os.path.dirname(path))
+    write_atomic(path, content, "agent-file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ralph-demo-agent")
+    parser.add_argument("--script", help="scenario YAML (default: the built-in one)")
+    args = parser.parse_args(argv)
+    env = os.environ
+    sys.stdin.read()  # the prompt: read so the engine's pipe never blocks
+    names = {"role": env["RALPH_ROLE"], "iteration": env.get("RALPH_ITERATION", ""),
+             "task": env.get("RALPH_TASK_ID", ""), "attempt": env.get("RALPH_ATTEMPT", "1")}
+    step = find_step(load_scenario(args.script), names)
+    if step is None:
+        return 0
+    print(f"demo agent: {names['role']} iteration {names['iteration']} "
+          f"{names['task'] or ''} playing its step".rstrip(), flush=True)
+    return play(step, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The driver: run the current state's work, fire the trigger it returns, repeat until
+COMPLETE or PAUSED. The Engine is the machine's model, so hooks reach it as event.model.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import attrs
+
+from session_store import (IterationMetadata, PauseKind, PlannedTask, Session, Status,
+                           progress, read_events, signals)
+from states import State, work_for
+
+from . import hooks, mailbox, prompt
+from .agents import Invocation, Outcome, make_agent
+from .clock import SystemClock
+from .config import Config
+from .driver_types import Next, Preempted
+from .machine import build_machine
+
+__all__ = ["Engine", "Next", "Preempted", "RoleRun"]
+
+
+@attrs.define
+class RoleRun:
+    """One agent invocation as the engine saw it: how the process ended, what it emitted."""
+    role: str
+    outcome: Outcome
+    events: list[dict]
+
+    def topics(self) -> list[str]:
+        return [e["topic"] for e in self.events]
+
+    def last(self, *topics: str) -> dict | None:
+        for e in reversed(self.events):
+            if e["topic"] in topics:
+                return e
+        return None
+
+    @property
+    def loop_complete(self) -> bool:
+        return "LOOP_COMPLETE" in self.topics() or any(
+            line.strip() == "LOOP_COMPLETE" for line in self.outcome.stdout.splitlines())
+
+
+class Engine:
+    def __init__(self, session: Session, config: Config, *, clock=None, agent_for=None,
+                 out=None):
+        self.session = session
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.agent_for = agent_for or (lambda role: make_agent(config.agent_for(role)))
+        self.out = out or sys.stdout
+        self._last_mono = self.clock.monotonic()
+        self._bus_offset = 0
+        self._iteration: tuple[int, IterationMetadata, list] | None = None
+        self.wakeup = threading.Event()   # set by the mailbox watcher and by agents exiting
+        self._stopping: Next | None = None
+        build_machine(self, session.metadata.orchestrator.state,
+                      before_state_change=hooks.BEFORE_STATE_CHANGE,
+                      after_state_change=hooks.AFTER_STATE_CHANGE,
+                      paused_from=lambda event: event.model.metadata.orchestrator.previous_state)
+
+    # --- the loop ---
+
+    @property
+    def metadata(self):
+        return self.session.metadata
+
+    @property
+    def current(self) -> State:
+        return State(self.state)  # `state` is set by the transitions Machine
+
+    def run(self, resume: bool = False) -> int:
+        stop_watching = mailbox.watch([os.path.join(self.session.dir, "signals", "inputs")],
+                                      self.wakeup)
+        try:
+            self.reconcile()
+            pending = mailbox.recover(self)
+            if pending is not None:
+                self.fire(pending)
+            elif resume and self.current is State.PAUSED:
+                self._fire_preemptible(Next("resume", "ralph session resume"))
+            while self.current not in (State.COMPLETE, State.PAUSED):
+                limit = self.limit_reached()
+                if limit:
+                    self.fire(Next("pause", limit, PauseKind.LIMIT))
+                    break
+                try:
+                    nxt = work_for(self.current)(self)
+                except Preempted as p:
+                    nxt = p.next
+                self._fire_preemptible(nxt)
+            work_for(self.current)(self)  # PAUSED / COMPLETE: their closing work
+        finally:
+            stop_watching()
+        return self.exit_code()
+
+    def _fire_preemptible(self, nxt: Next) -> None:
+        """Fire, unless the transition's hooks take a PAUSE or ABORT: then fire that."""
+        try:
+            self.fire(nxt)
+        except Preempted as p:
+            self.fire(p.next)
+
+    def fire(self, nxt: Next) -> None:
+        kwargs = {"reason": nxt.reason, "signal": nxt.signal}
+        if nxt.kind is not None:
+            kwargs["kind"] = nxt.kind
+        before = self.current
+        self.trigger(nxt.trigger, **kwargs)
+        if nxt.signal is not None:
+            mailbox.mark_applied(self, nxt.signal, nxt.trigger)
+        self.say(f"{before} -> {self.current} ({nxt.trigger}"
+                 f"{': ' + nxt.reason if nxt.reason else ''})")
+
+    def exit_code(self) -> int:
+        m = self.metadata
+        if m.status is Status.ABORTED:
+            return 4
+        if m.status is Status.PAUSED:
+            return 5 if m.orchestrator.pause_kind is PauseKind.LIMIT else 3
+        return 0
+
+    def limit_reached(self) -> str | None:
+        m, limits = self.metadata, self.metadata.limits
+        if self.current is State.PLANNING and m.iteration > limits.max_iterations:
+            return f"max_iterations reached ({limits.max_iterations})"
+        if m.usage.runtime_seconds >= limits.max_runtime_seconds:
+            return f"max_runtime_seconds reached ({limits.max_runtime_seconds:g})"
+        if limits.max_cost_usd is not None and m.usage.cost_usd >= limits.max_cost_usd:
+            return f"max_cost_usd reached ({limits.max_cost_usd:g})"
+        return None
+
+    # --- persistence ---
+
+    def save(self) -> None:
+        """Persist metadata: usage, the session's task counts, a new revision."""
+        mono = self.clock.monotonic()
+        self.metadata.usage.runtime_seconds = round(
+            self.metadata.usage.runtime_seconds + (mono - self._last_mono), 3)
+        self._last_mono = mono
+        if self._iteration is not None and self._iteration[0] == self.metadata.iteration:
+            self._count_tasks()
+        self.session.save(self.clock.now())
+
+    def _count_tasks(self) -> None:
+        _, meta, lines = self._iteration
+        counts = self.metadata.tasks
+        before = meta.tasks_before
+        done = sum(t.marker == progress.DONE for t in lines)
+        failed = sum(t.marker == progress.FAILED for t in lines)
+        counts.total = before.total + len(lines)
+        counts.completed = before.completed + done
+        counts.failed = before.failed + failed
+        counts.pending = before.pending + sum(t.marker not in progress.FINISHED for t in lines)
+
+    def record_transition(self, lt) -> None:
+        self.session.append_event(
+            "session.transition",
+            {"n": lt.n, "from": lt.source.value, "to": lt.dest.value, "trigger": lt.trigger,
+             "reason": lt.reason, "at": lt.at.isoformat()},
+            ts=lt.at.isoformat())
+
+    def reconcile(self) -> None:
+        """After a crash between persisting metadata and recording the transition, the
+        record is missing: append it, once. Also moves the bus offset to its end."""
+        records, self._bus_offset = read_events(self.session.dir, 0)
+        lt = self.metadata.orchestrator.last_transition
+        recorded = max((r["payload"].get("n", 0) for r in records
+                        if r["topic"] == "session.transition" and isinstance(r["payload"], dict)),
+                       default=0)
+        if lt is not None and recorded < lt.n:
+            self.record_transition(lt)
+            self._read_new_events()
+
+    def _read_new_events(self) -> list[dict]:
+        records, self._bus_offset = read_events(self.session.dir, self._bus_offset)
+        return records
+
+    # --- the current iteration ---
+
+    def iteration(self):
+        """(Iteration files, its metadata): created on first use, cached while current."""
+        number = self.metadata.iteration
+        it = self.session.iteration(number)
+        if self._iteration is None or self._iteration[0] != number:
+            if it.exists():
+                meta = it.load()
+            else:
+                meta = it.create(self.clock.now())
+                meta.tasks_before = attrs.evolve(self.metadata.tasks)
+                it.save(meta)
+            self._iteration = (number, meta, it.progress())
+        return it, self._iteration[1]
+
+    def save_iteration(self, meta: IterationMetadata) -> None:
+        it, _ = self.iteration()
+        it.save(meta)
+
+    def tasks(self) -> list:
+        self.iteration()
+        return self._iteration[2]
+
+    def marker(self, task_id: str) -> str:
+        return next((t.marker for t in self.tasks() if t.id == task_id), progress.TODO)
+
+    def record_plan(self, tasks: list[PlannedTask], plan_text: str) -> None:
+        it, meta = self.iteration()
+        for t in tasks:
+            it.write(f"tasks/{t.id}.md", f"# {t.id}: {t.title}\n\nBatch {t.batch}\n\n"
+                                         f"{t.description}\n", "task")
+        it.write("plan.md", plan_text, "plan")
+        lines = [progress.TaskLine(t.id, t.title, t.batch) for t in tasks]
+        it.save_progress(lines)
+        self._iteration = (self._iteration[0], meta, lines)
+        meta.tasks_defined = tasks
+        meta.planning_completed_at = self.clock.now()
+        it.save(meta)  # the commit point: planning is done once this is on disk
+        self.save()
+
+    def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
+        it, _ = self.iteration()
+        for t in self.tasks():
+            if t.id == task_id:
+                t.marker, t.note = marker, note
+        it.save_progress(self.tasks())
+        self.save()
+
+    def finish_iteration(self) -> None:
+        it, meta = self.iteration()
+        if meta.completed_at is None:
+            meta.completed_at = self.clock.now()
+            it.save(meta)
+
+    # --- agents ---
+
+    def run_role(self, role: str, task: PlannedTask | None = None,
+                 pending: list[dict] | None = None) -> RoleRun:
+        it, _ = self.iteration()
+        self._read_new_events()
+        self.metadata.usage.agent_invocations += 1
+        self.save()  # durable before the run, so log names never collide after a crash
+        seq = self.metadata.usage.agent_invocations
+        name = f"{role}-{task.id}" if task else role
+        attempt = 1 + sum(1 for f in os.listdir(it.path("logs"))
+                          if f.endswith(f"-{name}.stdout"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_TEST_")}
+        env.update({
+            "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
+            "RALPH_SESSION_DIR": self.session.dir, "RALPH_ROLE": role,
+            "RALPH_ITERATION": str(it.number), "RALPH_ITERATION_DIR": it.dir,
+            "RALPH_STATE": self.current.value, "RALPH_ATTEMPT": str(attempt)})
+        if task:
+            env["RALPH_TASK_ID"] = task.id
+        else:
+            env.pop("RALPH_TASK_ID", None)
+        role_config = getattr(self.config.roles, role)
+        guidance = self.guidance_for(role)
+        text = prompt.build(self.metadata.objective, role, role_config.instructions,
+                            guidance=[g["message"] for g in guidance],
+                            pending_events=pending or [])
+        inv = Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
+                         log_base=it.path("logs", f"{seq:04d}-{name}"),
+                         timeout=self.config.agent_for(role).timeout_seconds)
+        self.say(f"{self.current} iteration {it.number}: {role}"
+                 f"{' ' + task.id if task else ''} (attempt {attempt})")
+        self._stopping = None
+        outcome = self.agent_for(role).run(inv, self.wakeup, self._stop_requested)
+        if outcome.stopped:
+            raise Preempted(self._stopping)
+        signals.delivered(self.session.dir, [g["id"] for g in guidance])
+        return RoleRun(role, outcome, [e for e in self._read_new_events()
+                                       if e.get("source") != "engine"])
+
+    # --- signals (DESIGN §6) ---
+
+    def poll_signals(self, requested: str) -> None:
+        if requested not in ("pause", "abort"):
+            mailbox.poll(self, "resume" if requested == "resume" else "transition")
+
+    def checkpoint(self, mode: str = "checkpoint") -> None:
+        """Between tasks, between reviews, while waiting: take what the mailbox holds."""
+        mailbox.poll(self, mode)
+
+    def _stop_requested(self) -> str | None:
+        self._stopping = mailbox.poll(self, "agent")
+        return self._stopping.reason if self._stopping else None
+
+    def guidance_for(self, role: str) -> list[dict]:
+        """Queued STEER/INFO for this role or for all; they leave the queue once a run that
+        carried them completes, so a run a crash cut short gets them again."""
+        return [g for g in signals.guidance(self.session.dir) if g["target"] in ("all", role)]
+
+    def add_resume_message(self, text: str) -> None:
+        signals.drop(self.session.dir, "INFO", text, now=self.clock.now())
+
+    def wait(self, deadline) -> None:
+        """Sleep until `deadline` (a datetime) or until the watcher wakes us."""
+        seconds = (deadline - self.clock.now()).total_seconds()
+        if seconds > 0:
+            self.wakeup.wait(seconds)
+        self.wakeup.clear()
+
+    # --- humans (DESIGN §7) ---
+
+    def hold_for_human(self) -> None:
+        """Hold the transition while a blocking human question is pending."""
+
+    def abort_cleanup(self) -> None:
+        """Seed 001 §3.4: [/] tasks become [F], the iteration gets completed_at; nothing is
+        reverted."""
+        self._mark_in_progress(progress.FAILED, "Aborted by signal")
+        self.finish_iteration()
+
+    def note_in_progress(self, note: str) -> None:
+        """A PAUSE leaves [/] tasks as they are (they run again on resume), with a note."""
+        self._mark_in_progress(progress.IN_PROGRESS, note)
+
+    def _mark_in_progress(self, marker: str, note: str) -> None:
+        it, _ = self.iteration()
+        changed = [t for t in self.tasks() if t.marker == progress.IN_PROGRESS]
+        for t in changed:
+            t.marker, t.note = marker, note
+        if changed:
+            it.save_progress(self.tasks())
+
+    # --- output ---
+
+    def say(self, text: str) -> None:
+        stamp = self.clock.now().astimezone().strftime("%H:%M:%S")
+        print(f"[{stamp}] {text}", file=self.out, flush=True)

@@ -1,0 +1,142 @@
+"""The engine's side of the signals mailbox (seed 001 §2-§4, DESIGN §6).
+
+`poll(engine, mode)` consumes what the engine owns right now, oldest first:
+  - transition / checkpoint: everything but APPROVE/SKIP outside KNOWLEDGE_APPROVAL;
+  - agent (an agent is running): only PAUSE and ABORT, which stop it;
+  - resume: like transition, but a PAUSE that waited while paused is void;
+  - knowledge (waiting in KNOWLEDGE_APPROVAL): APPROVE and SKIP too.
+PAUSE and ABORT preempt the current work (raise Preempted, or return the Next in agent
+mode); the signal is marked handled once the transition they caused is persisted,
+which records the signal's name so a crash in between never applies it twice.
+"""
+from __future__ import annotations
+
+import threading
+
+from session_store import PauseKind, signals
+from states import State
+
+from .driver_types import Next, Preempted
+
+HANDLED_BY = "Ralph-Orchestrator"
+
+
+def poll(engine, mode: str) -> Next | None:
+    d, now = engine.session.dir, engine.clock.now
+    for name in signals.waiting(d):
+        signal, reason, raw = signals.read(d, name)
+        if signal is None:
+            if reason:
+                signals.reject(d, name, reason, raw, now=now())
+            continue
+        if signal.type in ("APPROVE", "SKIP"):
+            if mode != "knowledge" or engine.current is not State.KNOWLEDGE_APPROVAL:
+                continue  # state-specific: they wait in inputs/
+            if signal.iteration is not None and signal.iteration != engine.metadata.iteration:
+                signals.reject(d, name, f"stale: for iteration {signal.iteration}, the session "
+                               f"is in iteration {engine.metadata.iteration}", raw, now=now())
+                continue
+        elif signal.type in ("STEER", "INFO") and mode == "agent":
+            continue  # the agent may take these itself; the engine does at the next boundary
+        if not signals.take(d, name):
+            continue  # another consumer won the rename
+        nxt = handle(engine, signal, mode)
+        if nxt is not None:
+            if mode == "agent":
+                return nxt
+            raise Preempted(nxt)
+    return None
+
+
+def handle(engine, signal, mode: str) -> Next | None:
+    """Act on a taken signal. PAUSE/ABORT return the Next to fire (marked after it);
+    the others are applied and marked here. Idempotent by signal name."""
+    d, now = engine.session.dir, engine.clock.now()
+    if signal.type == "PAUSE" and (mode == "resume" or engine.current is State.PAUSED):
+        action = "ignored: the session was paused already and is being resumed"
+    elif signal.type in ("PAUSE", "ABORT"):
+        if engine.current is State.COMPLETE:
+            action = "ignored: the session is complete"
+        else:
+            trigger = "pause" if signal.type == "PAUSE" else "abort"
+            return Next(trigger, signal.message or f"{signal.type} signal",
+                        PauseKind.SIGNAL if trigger == "pause" else None, signal)
+    elif signal.type in ("STEER", "INFO"):
+        action = queue_guidance(engine, signal)
+    else:
+        action = decide_knowledge(engine, signal)
+    signals.mark_handled(d, signal, handled_by=HANDLED_BY, action=action, now=now)
+    return None
+
+
+def queue_guidance(engine, signal) -> str:
+    who = signal.role.capitalize() if signal.role else "the next invocation of any role"
+    if signals.queue_guidance(engine.session.dir, {
+            "id": signal.name, "type": signal.type, "target": signal.role or "all",
+            "message": signal.message, "at": engine.clock.now().isoformat()}):
+        engine.session.append_scratchpad(
+            f"- {engine.clock.now().isoformat(timespec='seconds')} {signal.type} for {who}: "
+            f"{signal.message} ({signal.name})", unless_contains=signal.name)
+    return f"queued for {who}"
+
+
+def decide_knowledge(engine, signal) -> str:
+    from states import knowledge_approval
+    _it, meta = engine.iteration()
+    if engine.current is not State.KNOWLEDGE_APPROVAL or meta.knowledge_decision is not None:
+        return "no effect: the knowledge of this iteration was decided already"
+    if signal.type == "APPROVE":
+        knowledge_approval.promote(engine, f"APPROVE signal: {signal.message}".rstrip(": "))
+        return f"promoted the staged knowledge of iteration {meta.iteration}"
+    knowledge_approval.decide(engine, "skipped")
+    return f"kept the knowledge of iteration {meta.iteration} staged"
+
+
+def mark_applied(engine, signal, trigger: str) -> None:
+    signals.mark_handled(engine.session.dir, signal, handled_by=HANDLED_BY,
+                         action="paused the session" if trigger == "pause"
+                         else "aborted the session", now=engine.clock.now())
+
+
+def recover(engine) -> Next | None:
+    """Finish what a crash interrupted: rejections, and signals taken but not marked."""
+    d = engine.session.dir
+    signals.finish_rejections(d, engine.clock.now())
+    pending = None
+    for name in signals.taken_unmarked(d):
+        signal = signals.read_taken(d, name)
+        if signal is None:
+            continue
+        if signal.type in ("PAUSE", "ABORT") and engine.metadata.orchestrator.last_signal == name:
+            mark_applied(engine, signal, "pause" if signal.type == "PAUSE" else "abort")
+            continue
+        nxt = handle(engine, signal, "knowledge")
+        if nxt is not None and pending is None:
+            pending = nxt
+    return pending
+
+
+def watch(paths: list[str], wakeup: threading.Event):
+    """Wake the engine when a file lands in one of `paths` (inotify through watchdog;
+    a polling observer where no watcher works). Returns a function that stops it."""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+    from watchdog.observers.polling import PollingObserver
+
+    class Wake(FileSystemEventHandler):
+        def on_any_event(self, event):
+            wakeup.set()
+
+    for make in (Observer, lambda: PollingObserver(timeout=0.1)):
+        observer = make()
+        try:
+            for path in paths:
+                observer.schedule(Wake(), path, recursive=False)
+            observer.start()
+        except Exception:
+            continue
+        def stop(observer=observer):
+            observer.stop()
+            observer.join(timeout=2)
+        return stop
+    return lambda: None

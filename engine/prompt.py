@@ -1,0 +1,71 @@
+"""Prompt assembly, in DESIGN §5's order: OBJECTIVE, ROBOT GUIDANCE, PENDING EVENTS,
+the role's instructions, then the skills."""
+from __future__ import annotations
+
+import json
+
+DEFAULT_INSTRUCTIONS = {
+    "planner": (
+        "You are the Planner. Read the objective, the scratchpad and what earlier iterations "
+        "left (failed tasks, rejected reviews). Define the next tasks, in batches that can run "
+        "one after another, and publish them:\n"
+        "  ralph emit plan.ready --json '{\"tasks\": [{\"id\": \"t1\", \"title\": \"...\", "
+        "\"description\": \"...\", \"batch\": 1}]}'\n"
+        "When nothing is left to do, publish instead:\n"
+        "  ralph emit LOOP_COMPLETE \"why nothing is left\""),
+    "executor": (
+        "You are the Executor. Do exactly the task in PENDING EVENTS, in the workspace. Run the "
+        "tests and checks, then publish the evidence:\n"
+        "  ralph emit build.done \"tests: pass, lint: pass, typecheck: pass, audit: pass, "
+        "coverage: 85, complexity: 4, duplication: pass\"\n"
+        "If you cannot finish: ralph emit build.blocked \"why\" or ralph emit task.failed \"why\"."),
+    "reviewer": (
+        "You are the Reviewer. Review the task in PENDING EVENTS and the executor's report. "
+        "If it is right, publish:\n"
+        "  ralph emit review.done \"tests: pass, build: pass\"\n"
+        "Otherwise: ralph emit review.rejected \"what is wrong\" (the task is replanned)."),
+    "librarian": (
+        "You are the Librarian. Distil what this iteration learned that future work needs into "
+        "markdown files under $RALPH_ITERATION_DIR/knowledge/, then publish:\n"
+        "  ralph emit knowledge.staged \"the files\"\n"
+        "If nothing is worth keeping, write nothing and publish nothing."),
+    "questioner": (
+        "You are the Questioner. Find what is ambiguous in the objective and ask the human "
+        "with ralph tools interact ask \"question\"; record the answers in the scratchpad."),
+}
+
+SKILLS = (
+    "## SKILLS\n\n"
+    "### Events\n"
+    "Publish with `ralph emit TOPIC \"payload\"` or `ralph emit TOPIC --json '{...}'`; the "
+    "session and your role are taken from the environment (RALPH_SESSION_ID, RALPH_ROLE).\n\n"
+    "### Robot (human in the loop)\n"
+    "- `ralph tools interact progress \"message\"`: tell the human how it goes (non-blocking).\n"
+    "- `ralph tools interact ask \"question\" [--timeout S] [--default TEXT]`: block until a "
+    "human answers; the answer is printed (exit 3 and the default on timeout).\n"
+    "- `ralph emit human.interact \"question\"`: ask after this run; the loop waits for the "
+    "answer, which reaches your next prompt.\n"
+    "- `ralph tools signals poll --role ROLE`: take the guidance sent to you while you run.\n")
+
+
+def _event_line(event: dict) -> str:
+    payload = event.get("payload")
+    if not isinstance(payload, str):
+        payload = json.dumps(payload, ensure_ascii=False)
+    return f"- {event['topic']}: {payload}"
+
+
+def build(objective: str, role: str, instructions: str | None, guidance: list[str],
+          pending_events: list[dict]) -> str:
+    parts = [f"## OBJECTIVE\n\n{objective.strip()}\n"]
+    if guidance:
+        if len(guidance) == 1:
+            body = guidance[0]
+        else:
+            body = "\n".join(f"{i}. {g}" for i, g in enumerate(guidance, 1))
+        parts.append(f"## ROBOT GUIDANCE\n\n{body}\n")
+    events = "\n".join(_event_line(e) for e in pending_events) or "(none)"
+    parts.append(f"## PENDING EVENTS\n\n{events}\n")
+    parts.append(f"## ROLE: {role.upper()}\n\n{(instructions or DEFAULT_INSTRUCTIONS[role]).strip()}\n")
+    parts.append(SKILLS)
+    return "\n".join(parts)

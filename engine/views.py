@@ -1,0 +1,130 @@
+"""What `ralph session status` and `list` show: plain data first (the --json form),
+then text rendered from it."""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+from session_store import (BadInput, PauseKind, list_ids, load, read_events, running_pid,
+                           sessions_root)
+from states import State
+
+
+def _resume_command(meta) -> str | None:
+    if meta.orchestrator.state is not State.PAUSED:
+        return None
+    base = f"ralph session resume {meta.session_id}"
+    if meta.orchestrator.pause_kind is PauseKind.LIMIT:
+        return base + " --max-iterations N (or --max-runtime S / --max-cost USD)"
+    return base
+
+
+def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict:
+    session = load(workspace, session_id)
+    m = session.metadata
+    it = session.iteration()
+    events, _ = read_events(session.dir)
+    inputs = os.path.join(session.dir, "signals", "inputs")
+    pid = running_pid(session.dir)
+    return {
+        "session_id": m.session_id,
+        "objective": m.objective,
+        "state": m.orchestrator.state.value,
+        "previous_state": m.orchestrator.previous_state.value if m.orchestrator.previous_state else None,
+        "status": m.status.value,
+        "running": pid is not None,
+        "engine_pid": pid,
+        "iteration": m.iteration,
+        "batch": m.batch,
+        "pause_reason": m.orchestrator.pause_reason,
+        "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
+        "resume_command": _resume_command(m),
+        "tasks": {"total": m.tasks.total, "completed": m.tasks.completed,
+                  "failed": m.tasks.failed, "pending": m.tasks.pending},
+        "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
+                           "marker": t.marker, "note": t.note} for t in it.progress()],
+        "pending_question": m.pending_question,
+        "waiting_signals": sorted(os.listdir(inputs)) if os.path.isdir(inputs) else [],
+        "usage": {"cost_usd": m.usage.cost_usd, "runtime_seconds": m.usage.runtime_seconds,
+                  "agent_invocations": m.usage.agent_invocations},
+        "limits": {"max_iterations": m.limits.max_iterations,
+                   "max_runtime_seconds": m.limits.max_runtime_seconds,
+                   "max_cost_usd": m.limits.max_cost_usd},
+        "created_at": m.created_at.isoformat(),
+        "updated_at": m.updated_at.isoformat(),
+        "completed_at": m.completed_at.isoformat() if m.completed_at else None,
+        "last_events": events[-last_events:],
+    }
+
+
+def status_text(v: dict) -> str:
+    lines = [f"session {v['session_id']}: {v['status']} in {v['state']}"
+             f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
+             f"objective: {v['objective'].splitlines()[0] if v['objective'] else ''}",
+             f"iteration {v['iteration']}, batch {v['batch']}; tasks: {v['tasks']['completed']} done, "
+             f"{v['tasks']['failed']} failed, {v['tasks']['pending']} pending of {v['tasks']['total']}"]
+    if v["pause_reason"]:
+        lines.append(f"paused: {v['pause_reason']}")
+    if v["resume_command"]:
+        lines.append(f"resume: {v['resume_command']}")
+    if v["pending_question"]:
+        lines.append(f"waiting for an answer to question {v['pending_question']}")
+    if v["waiting_signals"]:
+        lines.append(f"signals waiting: {len(v['waiting_signals'])}")
+    u, lim = v["usage"], v["limits"]
+    lines.append(f"usage: {u['agent_invocations']} agent runs, {u['runtime_seconds']:.0f}s of "
+                 f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"
+                 + (f" of ${lim['max_cost_usd']:.2f}" if lim["max_cost_usd"] is not None else "")
+                 + f", iteration {v['iteration']} of {lim['max_iterations']}")
+    if v["current_tasks"]:
+        lines.append("")
+        lines += [f"  [{t['marker']}] {t['id']}: {t['title']} (batch {t['batch']})"
+                  + (f" — {t['note']}" if t["note"] else "") for t in v["current_tasks"]]
+    if v["last_events"]:
+        lines.append("")
+        lines += [f"  #{e['seq']} {e['ts'][11:19]} {e['source']}: {e['topic']}"
+                  for e in v["last_events"]]
+    return "\n".join(lines)
+
+
+def list_views(workspace: str) -> list[dict]:
+    now = datetime.now(timezone.utc)
+    views = []
+    for sid in list_ids(workspace):
+        try:
+            m = load(workspace, sid).metadata
+        except BadInput as e:
+            views.append({"session_id": sid, "error": str(e)})
+            continue
+        views.append({
+            "session_id": sid, "state": m.orchestrator.state.value, "status": m.status.value,
+            "running": running_pid(os.path.join(sessions_root(workspace), sid)) is not None,
+            "iteration": m.iteration, "pause_reason": m.orchestrator.pause_reason,
+            "updated_at": m.updated_at.isoformat(),
+            "age_seconds": round((now - m.updated_at).total_seconds()),
+            "objective": m.objective.splitlines()[0] if m.objective else ""})
+    # paused first, then the rest, newest first within each group
+    views.sort(key=lambda v: (v.get("status") != "paused", -v.get("age_seconds", 0) * -1))
+    return views
+
+
+def list_text(views: list[dict]) -> str:
+    if not views:
+        return "no sessions"
+    lines = []
+    for v in views:
+        if "error" in v:
+            lines.append(f"{v['session_id']}  unreadable: {v['error']}")
+            continue
+        run = "running" if v["running"] else ("interrupted" if v["status"] == "active" else "")
+        lines.append(f"{v['session_id']}  {v['status']:<9} {v['state']:<18} it {v['iteration']:<3} "
+                     f"{_age(v['age_seconds']):>6} {run}"
+                     + (f"  — {v['pause_reason']}" if v["pause_reason"] else ""))
+    return "\n".join(lines)
+
+
+def _age(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -1,0 +1,104 @@
+"""events.jsonl: the append-only bus.
+
+Stdlib only: `ralph emit` imports this module on its cold path.
+
+An appender takes an exclusive flock, reads the last `seq`, cuts off a torn last line
+(a crash mid-append), writes its line in one O_APPEND write, fsyncs and releases.
+Readers skip a torn last line and never fail on one.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from datetime import datetime, timezone
+
+from ._atomic import FILE_MODE, durable_write_done
+
+EVENTS_FILE = "events.jsonl"
+_TAIL_CHUNK = 65536
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _last_seq_and_trim(fd: int) -> int:
+    """Return the last complete record's seq; truncate a torn tail. Caller holds the lock."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0
+    end = size
+    chunk = _TAIL_CHUNK
+    while True:
+        start = max(0, end - chunk)
+        data = os.pread(fd, end - start, start)
+        if end == size and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n")
+            if cut == -1 and start > 0:
+                chunk *= 2
+                continue
+            new_size = start + cut + 1 if cut != -1 else 0
+            os.ftruncate(fd, new_size)
+            size = end = new_size
+            if size == 0:
+                return 0
+            continue
+        lines = data.split(b"\n")
+        # lines[-1] is empty (data ends with \n); lines[0] may be partial unless start == 0.
+        complete = lines[:-1] if start == 0 else lines[1:-1]
+        for line in reversed(complete):
+            try:
+                return int(json.loads(line)["seq"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        if start == 0:
+            return 0
+        chunk *= 2
+
+
+def append_event(session_dir: str, topic: str, payload=None, *, source: str = "engine",
+                 iteration: int | None = None, state: str | None = None,
+                 ts: str | None = None) -> dict:
+    """Append one record to the session's bus and return it (with its seq)."""
+    path = os.path.join(session_dir, EVENTS_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        seq = _last_seq_and_trim(fd) + 1
+        record = {"seq": seq, "ts": ts or now_iso(), "topic": topic, "payload": payload,
+                  "source": source, "iteration": iteration, "state": state}
+        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        written = os.write(fd, line)
+        if written != len(line):  # a short write is a torn line: cut it and fail loudly
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+            raise OSError(f"short write to {path}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the flock
+    durable_write_done("event", path)
+    return record
+
+
+def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
+    """Records from byte `offset` on, and the offset just past the last complete line.
+
+    A torn last line is left for later; a complete line that is not a record is skipped.
+    """
+    path = os.path.join(session_dir, EVENTS_FILE)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].split(b"\n")[:-1]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "seq" in record and "topic" in record:
+            records.append(record)
+    return records, offset + end

@@ -1,0 +1,128 @@
+"""metadata.yaml of a session and of an iteration, as attrs classes.
+
+Small on purpose: history goes to events.jsonl, so these never grow with the session.
+"""
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+import attrs
+
+from states import State
+
+SCHEMA_VERSION = 1
+
+
+class Status(enum.Enum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+
+class PauseKind(enum.Enum):
+    SIGNAL = "signal"      # a PAUSE signal: exit 3
+    LIMIT = "limit"        # max iterations / runtime / cost: exit 5
+    QUESTION = "question"  # unanswered question with on_timeout: pause: exit 3
+    FAILURE = "failure"    # the work cannot go on without a human: exit 3
+
+
+@attrs.define
+class LastTransitionRecord:
+    n: int
+    trigger: str
+    source: State
+    dest: State
+    reason: str | None
+    at: datetime
+
+
+@attrs.define
+class Orchestrator:
+    state: State = State.PLANNING
+    previous_state: State | None = None
+    pause_reason: str | None = None
+    pause_kind: PauseKind | None = None
+    transitions: int = 0
+    last_signal: str | None = None    # the PAUSE/ABORT signal the last transition applied
+    last_transition: LastTransitionRecord | None = None
+
+
+@attrs.define
+class TaskCounts:
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    pending: int = 0
+
+
+@attrs.define
+class Limits:
+    max_iterations: int = 50
+    max_runtime_seconds: float = 14400.0
+    max_cost_usd: float | None = None
+
+
+@attrs.define
+class Usage:
+    cost_usd: float = 0.0
+    runtime_seconds: float = 0.0
+    agent_invocations: int = 0
+
+
+@attrs.define
+class SessionMetadata:
+    session_id: str
+    objective: str
+    created_at: datetime
+    updated_at: datetime
+    schema_version: int = SCHEMA_VERSION
+    revision: int = 0
+    status: Status = Status.ACTIVE
+    iteration: int = 1
+    batch: int = 1
+    orchestrator: Orchestrator = attrs.Factory(Orchestrator)
+    tasks: TaskCounts = attrs.Factory(TaskCounts)
+    limits: Limits = attrs.Factory(Limits)
+    usage: Usage = attrs.Factory(Usage)
+    pending_question: str | None = None
+    config_path: str | None = None
+    completed_at: datetime | None = None
+
+
+@attrs.define
+class PlannedTask:
+    id: str
+    title: str
+    description: str = ""
+    batch: int = 1
+
+
+@attrs.define
+class Rejection:
+    task: str
+    reason: str
+
+
+@attrs.define
+class IterationMetadata:
+    iteration: int
+    started_at: datetime
+    planning_completed_at: datetime | None = None
+    completed_at: datetime | None = None
+    tasks_defined: list[PlannedTask] = attrs.Factory(list)
+    librarian_done: bool = False
+    knowledge_staged: bool = False
+    knowledge_decision: str | None = None   # promoted | skipped | carried
+    rejections: list[Rejection] = attrs.Factory(list)
+    knowledge_deadline: datetime | None = None
+    # the session's task counts when this iteration began, so the session total is
+    # always this plus the iteration's own progress.md (no history in metadata)
+    tasks_before: TaskCounts = attrs.Factory(TaskCounts)
+
+    def batches(self) -> list[int]:
+        return sorted({t.batch for t in self.tasks_defined})
+
+    def tasks_of_batch(self, batch: int) -> list[PlannedTask]:
+        return [t for t in self.tasks_defined if t.batch == batch]

@@ -1,0 +1,40 @@
+"""progress.md: one line per task with its marker, the file a human reads first."""
+from __future__ import annotations
+
+import re
+
+import attrs
+
+TODO, IN_PROGRESS, DONE, FAILED, CANCELLED = " ", "/", "x", "F", "C"
+MARKERS = (TODO, IN_PROGRESS, DONE, FAILED, CANCELLED)
+FINISHED = (DONE, FAILED, CANCELLED)
+
+_LINE = re.compile(r"^- \[(?P<marker>.)\] (?P<id>[^:\s]+): (?P<title>.*?) \(batch (?P<batch>\d+)\)"
+                   r"(?: — (?P<note>.*))?$")
+
+
+@attrs.define
+class TaskLine:
+    id: str
+    title: str
+    batch: int
+    marker: str = TODO
+    note: str | None = None
+
+
+def render(iteration: int, tasks: list[TaskLine]) -> str:
+    lines = [f"# Progress — iteration {iteration}", "",
+             "Markers: [ ] todo, [/] in progress, [x] done, [F] failed, [C] cancelled", ""]
+    for t in tasks:
+        note = f" — {t.note}" if t.note else ""
+        lines.append(f"- [{t.marker}] {t.id}: {t.title} (batch {t.batch}){note}")
+    return "\n".join(lines) + "\n"
+
+
+def parse(text: str) -> list[TaskLine]:
+    tasks = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m["marker"] in MARKERS:
+            tasks.append(TaskLine(m["id"], m["title"], int(m["batch"]), m["marker"], m["note"]))
+    return tasks

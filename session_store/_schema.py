@@ -1,0 +1,116 @@
+"""Strict YAML <-> attrs classes: wrong type, unknown key or unknown enum value is an
+error naming the file and the `$.path`."""
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+
+import cattrs
+import yaml
+
+from ._errors import BadInput
+
+try:
+    _Loader, _Dumper = yaml.CSafeLoader, yaml.CSafeDumper
+except AttributeError:  # pragma: no cover - pyyaml without libyaml
+    _Loader, _Dumper = yaml.SafeLoader, yaml.SafeDumper
+
+
+def _strict(kind, name):
+    def structure(value, _type):
+        if type(value) is bool and kind is not bool:
+            raise TypeError(f"expected {name}, got a boolean")
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {name}, got {type(value).__name__}")
+        return value
+    return structure
+
+
+def _structure_float(value, _type):
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _structure_datetime(value, _type):
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected an ISO 8601 time, got {type(value).__name__}")
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _structure_enum(value, cls):
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in cls)
+        raise ValueError(f"expected one of {allowed}, got {value!r}") from None
+
+
+def make_converter() -> cattrs.Converter:
+    c = cattrs.Converter(forbid_extra_keys=True)
+    c.register_structure_hook(int, _strict(int, "an integer"))
+    c.register_structure_hook(str, _strict(str, "a string"))
+    c.register_structure_hook(bool, _strict(bool, "a boolean"))
+    c.register_structure_hook(float, _structure_float)
+    c.register_structure_hook(datetime, _structure_datetime)
+    c.register_unstructure_hook(datetime, lambda d: d.isoformat())
+    c.register_structure_hook_func(lambda t: isinstance(t, type) and issubclass(t, enum.Enum),
+                                   _structure_enum)
+    c.register_unstructure_hook_func(lambda t: isinstance(t, type) and issubclass(t, enum.Enum),
+                                     lambda e: e.value)
+    return c
+
+
+converter = make_converter()
+
+
+def structure_errors(exc: BaseException) -> list[str]:
+    """Every error of a failed structure, as `what @ $.path`."""
+    return cattrs.transform_error(exc, format_exception=lambda e, _t: _describe_msg(e))
+
+
+def _describe_msg(exc: BaseException) -> str:
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return f"unknown key {', '.join(sorted(exc.extra_fields))}"
+    if isinstance(exc, KeyError):
+        return "required key missing"
+    return str(exc)
+
+
+def parse_yaml(text: str | bytes, source: str):
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise BadInput(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+
+
+def dump_yaml(data) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+def structure(data, cls, source: str, all_errors: bool = False):
+    """Build `cls` from plain data; BadInput naming `source` and the path otherwise."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: $: expected a mapping, got {type(data).__name__}")
+    try:
+        return converter.structure(data, cls)
+    except Exception as e:  # cattrs wraps every field error in a group
+        errors = structure_errors(e)
+        lines = [f"{source}: {_path_first(m)}" for m in errors]
+        raise BadInput("\n".join(lines if all_errors else lines[:1])) from None
+
+
+def _path_first(message: str) -> str:
+    """'expected x @ $.a.b' -> '$.a.b: expected x'."""
+    what, _, path = message.rpartition(" @ ")
+    return f"{path}: {what}" if what else message
+
+
+def unstructure(obj) -> dict:
+    return converter.unstructure(obj)

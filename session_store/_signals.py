@@ -1,0 +1,248 @@
+"""The signals mailbox of seed 001: signals/inputs, processed, rejected.
+
+A signal is written aside and renamed into inputs/, so no consumer sees half a file.
+Taking one is a rename into processed/ as `<name>.taken`: exactly one consumer wins.
+Marking it handled writes `processed/<name>` (the original fields plus
+`handling_metadata`) and removes the `.taken` file, so a `.taken` left by a crash is
+the exact list of signals taken but not yet marked, found without parsing anything.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime
+
+import attrs
+
+from ._atomic import create_exclusive, fsync_dir, rename_durable, write_atomic
+from ._errors import BadInput
+from ._schema import dump_yaml, parse_yaml
+
+TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")
+TARGETS = ("ALL", "Orchestrator", "Planner", "Executor", "Reviewer", "Librarian", "Questioner")
+FIELDS = {"type", "target", "message", "iteration"}
+MAX_SIGNAL_BYTES = 1 << 20
+TAKEN = ".taken"
+
+
+@attrs.define
+class Signal:
+    name: str
+    type: str
+    target: str
+    message: str
+    iteration: int | None = None
+
+    @property
+    def role(self) -> str | None:
+        """The role a targeted signal waits for (None for ALL and Orchestrator)."""
+        return None if self.target in ("ALL", "Orchestrator") else self.target.lower()
+
+    def fields(self) -> dict:
+        data = {"type": self.type, "target": self.target, "message": self.message}
+        if self.iteration is not None:
+            data["iteration"] = self.iteration
+        return data
+
+
+def _dirs(session_dir: str) -> tuple[str, str, str]:
+    base = os.path.join(session_dir, "signals")
+    return (os.path.join(base, "inputs"), os.path.join(base, "processed"),
+            os.path.join(base, "rejected"))
+
+
+def canonical_target(value: str) -> str | None:
+    """'ALL', 'executor', 'Ralph-Executor' -> the canonical name; None when unknown."""
+    name = value[len("Ralph-"):] if value.lower().startswith("ralph-") else value
+    return next((t for t in TARGETS if t.lower() == name.lower()), None)
+
+
+def validate(data, name: str = "signal") -> Signal:
+    """A signal from parsed YAML, or BadInput saying which field is wrong."""
+    if not isinstance(data, dict):
+        raise BadInput(f"$: expected a mapping with type, target, message")
+    unknown = sorted(str(k) for k in data if k not in FIELDS)
+    if unknown:
+        raise BadInput(f"$: unknown field {', '.join(unknown)}")
+    kind = data.get("type")
+    if not isinstance(kind, str) or kind.upper() not in TYPES:
+        raise BadInput(f"$.type: expected one of {', '.join(TYPES)}, got {kind!r}")
+    target = data.get("target", "ALL")
+    canonical = canonical_target(target) if isinstance(target, str) else None
+    if canonical is None:
+        raise BadInput(f"$.target: expected one of {', '.join(TARGETS)}, got {target!r}")
+    message = data.get("message", "")
+    if message is None:
+        message = ""
+    if not isinstance(message, str):
+        raise BadInput(f"$.message: expected a string, got {type(message).__name__}")
+    iteration = data.get("iteration")
+    if iteration is not None and (type(iteration) is not int or iteration < 1):
+        raise BadInput(f"$.iteration: expected a positive integer, got {iteration!r}")
+    return Signal(name, kind.upper(), canonical, message, iteration)
+
+
+def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: str = "ALL",
+         iteration: int | None = None) -> str:
+    """Write a signal into inputs/ (whole, under a name no other writer can take)."""
+    signal = validate({"type": kind, "target": target, "message": message,
+                       **({"iteration": iteration} if iteration is not None else {})})
+    inputs, _, _ = _dirs(session_dir)
+    stamp = f"{now.strftime('%y%m%d-%H%M%S')}-{now.microsecond // 1000:03d}"
+    text = dump_yaml(signal.fields())
+    while True:
+        name = f"signal.{stamp}-{secrets.token_hex(4)}.yaml"
+        if create_exclusive(os.path.join(inputs, name), text, "signal-drop"):
+            return name
+
+
+def waiting(session_dir: str) -> list[str]:
+    """Signal files in inputs/, oldest first (their names start with the time)."""
+    inputs, _, _ = _dirs(session_dir)
+    try:
+        return sorted(n for n in os.listdir(inputs) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def read(session_dir: str, name: str, where: str = "inputs") -> tuple[Signal | None, str | None, bytes]:
+    """(signal, None, raw) or (None, why it is rejected, raw); raw is b'' when it is gone."""
+    inputs, processed, _ = _dirs(session_dir)
+    path = os.path.join(inputs if where == "inputs" else processed, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None, b""
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror}; symlinks are refused)", b"?"
+    try:
+        if not os.path.isfile(path) or os.fstat(fd).st_size > MAX_SIGNAL_BYTES:
+            return None, f"not a regular file of at most {MAX_SIGNAL_BYTES} bytes", b"?"
+        raw = os.read(fd, MAX_SIGNAL_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        data = parse_yaml(raw, name)
+        return validate(data, name), None, raw
+    except BadInput as e:
+        return None, str(e), raw
+    except Exception as e:  # the YAML library's own odd failures on garbage bytes
+        return None, f"not valid YAML ({type(e).__name__})", raw
+
+
+def take(session_dir: str, name: str) -> bool:
+    """Claim a signal: False when another consumer took it first."""
+    inputs, processed, _ = _dirs(session_dir)
+    try:
+        rename_durable(os.path.join(inputs, name), os.path.join(processed, name + TAKEN),
+                       "signal-take")
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def mark_handled(session_dir: str, signal: Signal, *, handled_by: str, action: str,
+                 now: datetime) -> None:
+    _, processed, _ = _dirs(session_dir)
+    doc = signal.fields()
+    doc["handling_metadata"] = {"handled_by": handled_by, "handled_at": now.isoformat(),
+                                "action_taken": action}
+    write_atomic(os.path.join(processed, signal.name), dump_yaml(doc), "signal-handled")
+    _remove(os.path.join(processed, signal.name + TAKEN))
+
+
+def reject(session_dir: str, name: str, reason: str, raw: bytes, *, now: datetime) -> bool:
+    """Move a signal that cannot be parsed or routed to rejected/, with the reason."""
+    inputs, _, rejected = _dirs(session_dir)
+    try:
+        rename_durable(os.path.join(inputs, name), os.path.join(rejected, name + TAKEN),
+                       "signal-reject")
+    except FileNotFoundError:
+        return False
+    _finish_reject(rejected, name, reason, raw, now)
+    return True
+
+
+def _finish_reject(rejected: str, name: str, reason: str, raw: bytes, now: datetime) -> None:
+    try:
+        original = parse_yaml(raw, name)
+    except Exception:
+        original = None
+    doc = dict(original) if isinstance(original, dict) else \
+        {"original": raw[:4096].decode("utf-8", errors="replace")}
+    doc["rejection"] = {"reason": reason, "at": now.isoformat()}
+    try:
+        text = dump_yaml(doc)
+    except Exception:  # keys or values YAML cannot write back: keep the text instead
+        text = dump_yaml({"original": raw[:4096].decode("utf-8", errors="replace"),
+                          "rejection": doc["rejection"]})
+    write_atomic(os.path.join(rejected, name), text, "signal-rejected")
+    _remove(os.path.join(rejected, name + TAKEN))
+
+
+def taken_unmarked(session_dir: str) -> list[str]:
+    """Signals taken but not marked handled (a crash came in between), oldest first."""
+    _, processed, _ = _dirs(session_dir)
+    return sorted(n[:-len(TAKEN)] for n in os.listdir(processed) if n.endswith(TAKEN))
+
+
+def finish_rejections(session_dir: str, now: datetime) -> None:
+    """Complete rejections a crash interrupted."""
+    _, _, rejected = _dirs(session_dir)
+    for n in sorted(os.listdir(rejected)):
+        if n.endswith(TAKEN):
+            with open(os.path.join(rejected, n), "rb") as f:
+                raw = f.read(MAX_SIGNAL_BYTES)
+            _finish_reject(rejected, n[:-len(TAKEN)], "rejected (recovered after a crash)",
+                           raw, now)
+
+
+def read_taken(session_dir: str, name: str) -> Signal | None:
+    signal, _reason, _raw = read(session_dir, name + TAKEN, where="processed")
+    if signal is not None:
+        signal.name = name
+    return signal
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(os.path.dirname(path))
+
+
+# --- guidance: STEER/INFO messages waiting for a role's next invocation ---
+
+GUIDANCE_FILE = "guidance.yaml"
+
+
+def _guidance_path(session_dir: str) -> str:
+    return os.path.join(session_dir, GUIDANCE_FILE)
+
+
+def guidance(session_dir: str) -> list[dict]:
+    path = _guidance_path(session_dir)
+    try:
+        with open(path, "rb") as f:
+            return parse_yaml(f.read(), path) or []
+    except FileNotFoundError:
+        return []
+
+
+def queue_guidance(session_dir: str, item: dict) -> bool:
+    """Add {id, target, message, at}; False when that id is queued already (idempotent)."""
+    items = guidance(session_dir)
+    if any(i["id"] == item["id"] for i in items):
+        return False
+    items.append(item)
+    write_atomic(_guidance_path(session_dir), dump_yaml(items), "guidance")
+    return True
+
+
+def delivered(session_dir: str, ids: list[str]) -> None:
+    """Guidance that reached a completed agent run leaves the queue."""
+    if not ids:
+        return
+    items = [i for i in guidance(session_dir) if i["id"] not in ids]
+    write_atomic(_guidance_path(session_dir), dump_yaml(items), "guidance")
