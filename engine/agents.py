@@ -106,19 +106,21 @@ class CommandAgent:
             threading.Thread(target=reap, daemon=True).start()
             outcome = Outcome(exit_code=None)
             deadline = started + inv.timeout
-            while not exited.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    outcome.timed_out = True
-                    break
-                wakeup.wait(remaining)
-                wakeup.clear()
-                if not exited.is_set() and should_stop is not None:
-                    outcome.stopped = should_stop()
-                    if outcome.stopped:
+            try:
+                while not exited.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        outcome.timed_out = True
                         break
-            if not exited.is_set():
-                _kill_group(proc, exited)
+                    wakeup.wait(remaining)
+                    wakeup.clear()
+                    if not exited.is_set() and should_stop is not None:
+                        outcome.stopped = should_stop()
+                        if outcome.stopped:
+                            break
+            finally:  # also on ^C / SIGTERM: never leave the agent running
+                if not exited.is_set():
+                    _kill_group(proc, exited)
             outcome.exit_code = proc.wait()
         outcome.duration = time.monotonic() - started
         with open(inv.log_base + ".stdout", encoding="utf-8", errors="replace") as f:

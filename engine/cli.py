@@ -8,7 +8,7 @@ import signal
 import sys
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_ABORTED, EXIT_LIMIT = 0, 1, 2, 3, 4, 5
-EXIT_SIGINT = 130
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only open session)"
 
 
@@ -61,7 +61,12 @@ def cmd_resume(args) -> int:
     session = load(workspace(args), args.session_id)
     status = session.metadata.status
     if status in (Status.COMPLETED, Status.ABORTED):
-        raise BadInput(f"session {session.id} is {status.value}: there is nothing to resume")
+        from states.complete import SUMMARY_FILE
+        if os.path.exists(os.path.join(session.dir, SUMMARY_FILE)):
+            raise BadInput(f"session {session.id} is {status.value}: there is nothing to resume")
+        # a crash came between the final transition and the summary: finish the closing
+        # work (the transition's record, the summary) and exit as the session ended
+        return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
@@ -117,7 +122,7 @@ def cmd_status(args) -> int:
 
     from .views import session_view, status_text
     ws = workspace(args)
-    view = session_view(ws, resolve_id(ws, args.session_id))
+    view = session_view(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
     print(json.dumps(view, indent=2) if args.json else status_text(view))
     return EXIT_OK
 
@@ -128,6 +133,61 @@ def cmd_list(args) -> int:
     from .views import list_text, list_views
     views = list_views(workspace(args))
     print(json.dumps(views, indent=2) if args.json else list_text(views))
+    return EXIT_OK
+
+
+# --- signals ---
+
+def _open_session(args):
+    from session_store import BadInput, Status, load, resolve_id
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session))
+    if session.metadata.status in (Status.COMPLETED, Status.ABORTED):
+        raise BadInput(f"session {session.id} is {session.metadata.status.value}: "
+                       f"it takes no more signals")
+    return session
+
+
+def cmd_signal(args) -> int:
+    from session_store import signals
+
+    from .clock import SystemClock
+    session = _open_session(args)
+    name = signals.drop(session.dir, args.type.upper(), args.message, now=SystemClock().now(),
+                        target=args.target, iteration=args.iteration)
+    print(name)
+    return EXIT_OK
+
+
+def cmd_signals_poll(args) -> int:
+    """For agents at their step boundaries: take the STEER/INFO meant for this role."""
+    import json
+
+    from session_store import dump_yaml, signals
+
+    from .clock import SystemClock
+    from .config import ROLES
+    role = (args.role or os.environ.get("RALPH_ROLE") or "").lower()
+    if role not in ROLES:
+        raise _bad(f"--role {role or '(none)'}: expected one of {', '.join(ROLES)} "
+                   f"(or RALPH_ROLE set by the engine)")
+    session = _open_session(args)
+    clock = SystemClock()
+    taken, stops = [], []
+    for name in signals.waiting(session.dir):
+        signal, _reason, _raw = signals.read(session.dir, name)
+        if signal is None:
+            continue  # malformed ones are the engine's to reject
+        if signal.type in ("PAUSE", "ABORT"):
+            stops.append({"type": signal.type, "message": signal.message, "file": name})
+        elif signal.type in ("STEER", "INFO") and signal.role in (None, role) \
+                and signal.target != "Orchestrator" and signals.take(session.dir, name):
+            taken.append({"type": signal.type, "message": signal.message, "file": name})
+            signals.mark_handled(session.dir, signal, handled_by=f"Ralph-{role.capitalize()}",
+                                 action=f"taken by the {role} at a step boundary",
+                                 now=clock.now())
+    result = {"signals": taken, "engine_will_act_on": stops}
+    print(json.dumps(result, indent=2) if args.json else dump_yaml(result), end="")
     return EXIT_OK
 
 
@@ -212,6 +272,27 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_list)
 
+    p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
+    p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
+                   type=str.lower)
+    p.add_argument("message")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("--target", default="ALL",
+                   help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")
+    p.add_argument("--iteration", type=int, help="for approve/skip: the iteration it is meant for")
+    p.set_defaults(handler=cmd_signal)
+
+    tools = sub.add_parser("tools", help="for agents: tools to use during a run")
+    tsub = tools.add_subparsers(dest="tool", required=True, parser_class=Parser)
+    sig = tsub.add_parser("signals", help="the signals mailbox")
+    sigsub = sig.add_subparsers(dest="signals_command", required=True, parser_class=Parser)
+    p = sigsub.add_parser("poll", parents=[common],
+                          help="take the STEER/INFO signals addressed to ALL or to this role")
+    p.add_argument("--role", help="default: $RALPH_ROLE")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_signals_poll)
+
     p = sub.add_parser("emit", help="for agents: append an event to the session's bus")
     p.add_argument("topic")
     p.add_argument("payload", nargs="?")
@@ -219,8 +300,12 @@ def build_parser() -> Parser:
     return parser
 
 
-def _interrupt(signum, _frame):
-    raise KeyboardInterrupt
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like ^C (the session stays resumable), exit 143."""
+
+
+def _terminate(_signum, _frame):
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,16 +314,17 @@ def main(argv: list[str] | None = None) -> int:
         from .emit import main as emit_main
         return emit_main(argv[1:])
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM leaves the session resumable, like ^C
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.handler(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("ralph: interrupted; the session is resumable", file=sys.stderr)
-        return EXIT_SIGINT
+        return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
     except Exception as e:
         from session_store import BadInput
         if isinstance(e, BadInput):
-            print(f"ralph: error: {e}", file=sys.stderr)
+            for line in str(e).splitlines():  # `validate` reports every error, one a line
+                print(f"ralph: error: {line}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if os.environ.get("RALPH_DEBUG"):
             raise

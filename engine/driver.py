@@ -189,9 +189,9 @@ class Engine:
             if it.exists():
                 meta = it.load()
             else:
-                meta = it.create(self.clock.now())
-                meta.tasks_before = attrs.evolve(self.metadata.tasks)
-                it.save(meta)
+                # tasks_before goes in the creating write: a crash between two writes
+                # left an iteration whose session counts restarted from zero
+                meta = it.create(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
             self._iteration = (number, meta, it.progress())
         return it, self._iteration[1]
 

@@ -50,10 +50,12 @@ class Iteration:
     def exists(self) -> bool:
         return os.path.isfile(self.path(METADATA_FILE))
 
-    def create(self, now: datetime) -> IterationMetadata:
+    def create(self, now: datetime, **fields) -> IterationMetadata:
+        """Make the iteration's directories, then its metadata in one write (with `fields`,
+        e.g. tasks_before), so a crash never leaves it half-initialised."""
         for sub in ITERATION_SUBDIRS:
             make_dirs(self.path(sub))
-        meta = IterationMetadata(iteration=self.number, started_at=now)
+        meta = IterationMetadata(iteration=self.number, started_at=now, **fields)
         self.save(meta)
         return meta
 
@@ -219,8 +221,9 @@ def list_ids(workspace: str) -> list[str]:
                   and os.path.isfile(os.path.join(root, n, METADATA_FILE)))
 
 
-def resolve_id(workspace: str, session_id: str | None) -> str:
-    """--session, else $RALPH_SESSION_ID, else the one session neither completed nor aborted."""
+def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False) -> str:
+    """--session, else $RALPH_SESSION_ID, else the one session neither completed nor aborted
+    (else, for read-only views, the newest session)."""
     session_id = session_id or os.environ.get("RALPH_SESSION_ID")
     if session_id:
         return check_id(session_id)
@@ -233,6 +236,9 @@ def resolve_id(workspace: str, session_id: str | None) -> str:
             continue
     if len(open_ids) == 1:
         return open_ids[0]
+    if not open_ids and newest_if_none_open and list_ids(workspace):
+        return max(list_ids(workspace), key=lambda sid: os.path.getmtime(
+            os.path.join(sessions_root(workspace), sid, METADATA_FILE)))
     if not open_ids:
         raise BadInput(f"no open session in {sessions_root(workspace)}; name one with --session")
     raise BadInput(f"several open sessions ({', '.join(open_ids)}); name one with --session")

@@ -5,10 +5,12 @@ import os
 
 from session_store import write_atomic
 
+SUMMARY_FILE = "summary.md"  # written last: until it exists, `resume` finishes the session
+
 
 def run(engine) -> None:
     m = engine.metadata
-    path = os.path.join(engine.session.dir, "summary.md")
+    path = os.path.join(engine.session.dir, SUMMARY_FILE)
     if not os.path.exists(path):
         t, u = m.tasks, m.usage
         write_atomic(path, (

@@ -1,0 +1,3 @@
+from engine.cli import entry
+
+entry()

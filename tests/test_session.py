@@ -1,0 +1,272 @@
+"""Whole sessions through the real CLI: the demo end to end, agents, limits, status."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import yaml
+
+from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
+                      write_config, write_scenario)
+from engine.machine import allowed
+from states import State
+
+EMIT = f"{sys.executable} -m engine emit"
+
+
+def transitions_of(session_dir: Path) -> list[dict]:
+    return [e["payload"] for e in events(session_dir) if e["topic"] == "session.transition"]
+
+
+def assert_transition_log_is_valid(session_dir: Path) -> list[dict]:
+    log = transitions_of(session_dir)
+    assert [t["n"] for t in log] == list(range(1, len(log) + 1))
+    state = "PLANNING"
+    for t in log:
+        assert t["from"] == state, log
+        assert allowed(State(t["from"]), t["trigger"]), t
+        state = t["to"]
+    assert state == metadata(session_dir)["orchestrator"]["state"]
+    return log
+
+
+def test_demo_session_end_to_end(workspace):
+    r = ralph(workspace, "session", "start", "Build a greeting CLI", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    sd = only_session(workspace)
+    for name in ("metadata.yaml", "events.jsonl", "scratchpad.md", "session.lock",
+                 "signals/inputs", "signals/processed", "signals/rejected", "questions",
+                 "answers", "iterations/1/metadata.yaml", "iterations/1/plan.md",
+                 "iterations/1/progress.md", "iterations/1/tasks/greet.md",
+                 "iterations/1/reports/greet-report.md", "iterations/1/reviews/greet.md",
+                 "iterations/1/knowledge/promoted.yaml", "iterations/1/logs"):
+        assert (sd / name).exists(), name
+    assert progress_markers(sd) == {"1": {"greet": "x", "farewell": "x", "cli": "x"}}
+    assert (workspace / ".docs" / "demo-project.md").exists()
+    meta = metadata(sd)
+    assert meta["status"] == "completed" and meta["orchestrator"]["state"] == "COMPLETE"
+    assert meta["tasks"] == {"total": 3, "completed": 3, "failed": 0, "pending": 0}
+    assert meta["completed_at"] and meta["usage"]["agent_invocations"] == 9
+    log = assert_transition_log_is_valid(sd)
+    assert [t["trigger"] for t in log] == [
+        "plan_ready", "batch_done", "next_batch", "batch_done", "iteration_reviewed",
+        "next_iteration", "objective_met"]
+    iteration = yaml.safe_load((sd / "iterations/1/metadata.yaml").read_text())
+    assert {"iteration", "started_at", "planning_completed_at", "completed_at",
+            "tasks_defined"} <= set(iteration)
+    assert (sd / "summary.md").exists()
+    # every event line is one JSON record with the bus's fields, seq without gaps
+    evs = events(sd)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    assert {e["source"] for e in evs} >= {"engine", "planner", "executor", "reviewer", "librarian"}
+    r = ralph(workspace, "session", "resume", sd.name)
+    assert r.returncode == 2 and "completed" in r.stderr
+
+
+def test_command_agent_gets_env_and_emits_with_the_cli(workspace):
+    """A real agent program: reads the prompt on stdin, calls `ralph emit`, sees RALPH_*."""
+    agent = workspace / "agent.sh"
+    agent.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        cat > "$RALPH_ITERATION_DIR/logs/prompt-$RALPH_ROLE-${{RALPH_TASK_ID:-none}}.md"
+        env | grep '^RALPH_' | sort > "$RALPH_ITERATION_DIR/logs/env-$RALPH_ROLE-${{RALPH_TASK_ID:-none}}"
+        case "$RALPH_ROLE" in
+          planner)
+            if [ "$RALPH_ITERATION" = 1 ]; then
+              {EMIT} plan.ready --json '{{"tasks": [{{"id": "only", "title": "The task"}}]}}'
+            else
+              echo LOOP_COMPLETE
+            fi ;;
+          executor) {EMIT} build.done "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, complexity: 2, duplication: pass" ;;
+          reviewer) {EMIT} review.done "tests: pass, build: pass" ;;
+        esac
+        """))
+    agent.chmod(0o755)
+    write_config(workspace, {"agent": {"backend": "command", "command": [str(agent)]}})
+    r = ralph(workspace, "session", "start", "Objective for a shell agent", "--id", "sh1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sd = only_session(workspace)
+    logs = sd / "iterations/1/logs"
+    prompt = (logs / "prompt-executor-only.md").read_text()
+    order = [prompt.index(h) for h in ("## OBJECTIVE", "## PENDING EVENTS", "## ROLE: EXECUTOR",
+                                       "## SKILLS")]
+    assert order == sorted(order) and "Objective for a shell agent" in prompt
+    env = dict(line.split("=", 1) for line in (logs / "env-executor-only").read_text().splitlines())
+    assert env["RALPH_SESSION_ID"] == "sh1" and env["RALPH_ROLE"] == "executor"
+    assert env["RALPH_TASK_ID"] == "only" and env["RALPH_ITERATION"] == "1"
+    assert env["RALPH_STATE"] == "EXECUTING_BATCH" and env["RALPH_SESSION_DIR"] == str(sd)
+    assert env["RALPH_WORKSPACE"] == str(workspace)
+    assert env["RALPH_ITERATION_DIR"] == str(sd / "iterations/1")
+    assert "RALPH_TASK_ID" not in (logs / "env-planner-none").read_text()
+    built = [e for e in events(sd) if e["topic"] == "build.done"]
+    assert built[0]["source"] == "executor" and built[0]["iteration"] == 1
+    assert built[0]["state"] == "EXECUTING_BATCH"
+    assert progress_markers(sd) == {"1": {"only": "x"}}
+
+
+def test_prompt_as_argument_and_as_file(workspace):
+    for mode in ("arg", "file"):
+        agent = workspace / f"agent-{mode}.py"
+        agent.write_text(textwrap.dedent(f"""\
+            import os, subprocess, sys
+            text = sys.argv[1] if "{mode}" == "arg" else open(sys.argv[1]).read()
+            assert text.startswith("## OBJECTIVE"), text[:80]
+            role = os.environ["RALPH_ROLE"]
+            def emit(*a):
+                subprocess.run([sys.executable, "-m", "engine", "emit", *a], check=True)
+            if role == "planner":
+                if os.environ["RALPH_ITERATION"] == "1":
+                    emit("plan.ready", "--json", '{{"tasks": [{{"id": "t", "title": "T"}}]}}')
+                else:
+                    emit("LOOP_COMPLETE")
+            elif role == "executor":
+                emit("build.done", "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 99, complexity: 1, duplication: pass")
+            elif role == "reviewer":
+                emit("review.done", "tests: pass, build: pass")
+            """))
+        write_config(workspace, {"agent": {"backend": "command", "prompt_mode": mode,
+                                           "command": [sys.executable, str(agent)]}})
+        r = ralph(workspace, "session", "start", "obj", "--id", f"mode-{mode}")
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_failures_end_tasks_failed_and_the_timeout_kills_the_group(workspace):
+    scenario = write_scenario(workspace, [
+        {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {"tasks": [
+            {"id": "blocked", "title": "B"}, {"id": "crashes", "title": "C"},
+            {"id": "hangs", "title": "H"}]}}]},
+        {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+        {"role": "executor", "task": "blocked", "emit": [{"topic": "build.blocked",
+                                                         "payload": "no compiler"}]},
+        {"role": "executor", "task": "crashes", "exit": 7},
+        {"role": "executor", "task": "hangs", "sleep": 60},
+    ])
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario),
+                                       "timeout_seconds": 2}})
+    started = time.monotonic()
+    r = ralph(workspace, "session", "start", "obj", "--id", "f1")
+    assert r.returncode == 0, r.stdout + r.stderr  # completed, with [F] tasks
+    assert time.monotonic() - started < 30
+    sd = only_session(workspace)
+    assert progress_markers(sd) == {"1": {"blocked": "F", "crashes": "F", "hangs": "F"}}
+    text = (sd / "iterations/1/progress.md").read_text()
+    assert "build.blocked: no compiler" in text and "exited with 7" in text and "timed out" in text
+    assert metadata(sd)["tasks"]["failed"] == 3
+    for task in ("blocked", "crashes", "hangs"):
+        assert "not reviewed" in (sd / f"iterations/1/reviews/{task}.md").read_text()
+    assert list((sd / "iterations/1/logs").glob("*-executor-hangs.stdout"))
+
+
+def test_max_iterations_pauses_with_exit_5_and_resume_raises_it(workspace):
+    r = ralph(workspace, "session", "start", "obj", "--id", "lim", "--max-iterations", "1",
+              env=base_env(**FAST))
+    assert r.returncode == 5, r.stdout + r.stderr
+    sd = only_session(workspace)
+    meta = metadata(sd)
+    assert meta["status"] == "paused" and meta["orchestrator"]["state"] == "PAUSED"
+    assert "max_iterations" in meta["orchestrator"]["pause_reason"]
+    assert meta["orchestrator"]["previous_state"] == "PLANNING" and meta["iteration"] == 2
+    assert "--max-iterations" in r.stdout
+    r = ralph(workspace, "session", "resume", "lim", env=base_env(**FAST))
+    assert r.returncode == 5  # the limit still holds
+    r = ralph(workspace, "session", "resume", "lim", "--max-iterations", "2", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert metadata(sd)["limits"]["max_iterations"] == 2
+    log = assert_transition_log_is_valid(sd)
+    assert [t["trigger"] for t in log][-3:] == ["pause", "resume", "objective_met"]
+
+
+def test_max_runtime_pauses_with_exit_5(workspace):
+    write_config(workspace, {"event_loop": {"max_runtime_seconds": 0.5}})
+    r = ralph(workspace, "session", "start", "obj", "--id", "rt")  # demo sleeps: > 0.5 s
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "max_runtime_seconds" in metadata(only_session(workspace))["orchestrator"]["pause_reason"]
+    r = ralph(workspace, "session", "resume", "rt", "--max-runtime", "600", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_emit_validates_topic_and_json(workspace):
+    ralph(workspace, "session", "start", "obj", "--id", "e1", "--max-iterations", "1",
+          env=base_env(**FAST))
+    sd = only_session(workspace)
+    env = base_env(RALPH_SESSION_DIR=sd, RALPH_ROLE="executor", RALPH_ITERATION=1)
+    ok = ralph(workspace, "emit", "build.done", "tests: pass", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ralph(workspace, "emit", "cost", "--json", '{"usd": 0.5}', env=env).returncode == 0
+    for bad in (["emit"], ["emit", "bad topic!"], ["emit", "x", "--json", "{nope"],
+                ["emit", "x", "p", "--json", "1"], ["emit", "..", "p"]):
+        r = ralph(workspace, *bad, env=env)
+        assert r.returncode == 2, bad
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    last = events(sd)[-2:]
+    assert [(e["topic"], e["source"]) for e in last] == [("build.done", "executor"),
+                                                          ("cost", "executor")]
+    assert last[1]["payload"] == {"usd": 0.5}
+    # outside an agent, the workspace's one open session is found
+    r = ralph(workspace, "emit", "note", "from a terminal")
+    assert r.returncode == 0, r.stderr
+    assert events(sd)[-1]["source"] == "cli"
+
+
+def test_status_and_list_in_text_and_json(workspace):
+    ralph(workspace, "session", "start", "obj one", "--id", "done1", env=base_env(**FAST))
+    ralph(workspace, "session", "start", "obj two", "--id", "lim1", "--max-iterations", "1",
+          env=base_env(**FAST))
+    view = json.loads(ralph(workspace, "session", "status", "lim1", "--json").stdout)
+    assert view["state"] == "PAUSED" and view["status"] == "paused" and not view["running"]
+    assert view["resume_command"].startswith("ralph session resume lim1")
+    assert view["tasks"]["completed"] == 3 and view["last_events"]
+    text = ralph(workspace, "session", "status", "lim1").stdout
+    assert "paused: max_iterations" in text and "resume: ralph session resume lim1" in text
+    listed = json.loads(ralph(workspace, "session", "list", "--json").stdout)
+    assert [v["session_id"] for v in listed] == ["lim1", "done1"]  # paused first
+    assert listed[0]["pause_reason"].startswith("max_iterations")
+    assert listed[1]["status"] == "completed" and listed[1]["running"] is False
+    assert "lim1" in ralph(workspace, "session", "list").stdout
+    r = ralph(workspace, "session", "status", "nope")
+    assert r.returncode == 2 and "unknown session" in r.stderr
+
+
+def test_objective_from_file_and_missing_objective(workspace):
+    (workspace / "goal.md").write_text("Objective from a file\n")
+    r = ralph(workspace, "session", "start", "-p", "goal.md", "--id", "pf", env=base_env(**FAST))
+    assert r.returncode == 0
+    assert metadata(only_session(workspace))["objective"] == "Objective from a file"
+    r = ralph(workspace, "session", "start")
+    assert r.returncode == 2 and "objective" in r.stderr
+    r = ralph(workspace, "session", "start", "x", "--agent", "nonsense")
+    assert r.returncode == 2 and "--agent" in r.stderr
+
+
+def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
+    import signal as sig
+
+    from conftest import spawn, wait_for
+    scenario = write_scenario(workspace, [
+        {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
+            "tasks": [{"id": "slow", "title": "S"}]}}]},
+        {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+        {"role": "executor", "sleep": 30, "emit": [{"topic": "build.done", "payload":
+            "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
+            "complexity: 1, duplication: pass"}]},
+        {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
+    ])
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
+    for signum, code, sid in ((sig.SIGINT, 130, "int"), (sig.SIGTERM, 143, "term")):
+        proc = spawn(workspace, "session", "start", "obj", "--id", sid)
+        sd = workspace / ".ralph-sessions" / sid
+        wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-slow.stdout")))
+        time.sleep(0.3)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == code, err
+        assert "resumable" in err
+        assert metadata(sd)["status"] == "active"
+        assert progress_markers(sd)["1"]["slow"] == "/"
+        r = ralph(workspace, "session", "resume", sid, env=base_env(**FAST))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert progress_markers(sd)["1"]["slow"] == "x"

@@ -1,0 +1,153 @@
+"""The session store: atomic files, the append-only bus, strict metadata, the lock."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from conftest import REPO, base_env, ralph
+from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
+                           read_events, release_lock, running_pid)
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+
+def test_create_lays_out_the_session(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    for sub in ("signals/inputs", "signals/processed", "signals/rejected", "questions",
+                "answers", "iterations/1/tasks", "iterations/1/logs", "iterations/1/knowledge"):
+        assert (workspace / ".ralph-sessions/s1" / sub).is_dir(), sub
+    meta = yaml.safe_load((workspace / ".ralph-sessions/s1/metadata.yaml").read_text())
+    assert meta["schema_version"] == 1 and meta["revision"] == 1
+    assert meta["orchestrator"]["state"] == "PLANNING" and meta["status"] == "active"
+    assert [e["topic"] for e in read_events(s.dir)[0]] == ["session.created"]
+    # private: session data can carry secrets
+    assert oct(os.stat(s.dir).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(os.path.join(s.dir, "metadata.yaml")).st_mode & 0o777) == "0o600"
+
+
+def test_create_refuses_an_existing_or_bad_id(workspace):
+    create(str(workspace), "obj", now=NOW, session_id="s1")
+    with pytest.raises(BadInput, match="already exists"):
+        create(str(workspace), "obj", now=NOW, session_id="s1")
+    for bad in ("../x", "/abs", "-lead", "a" * 65, "sp ace", ".hidden"):
+        with pytest.raises(BadInput, match="expected"):
+            create(str(workspace), "obj", now=NOW, session_id=bad)
+        with pytest.raises(BadInput, match="expected"):
+            load(str(workspace), bad)
+
+
+def test_save_increments_revision(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    s.save(NOW)
+    s.save(NOW)
+    assert load(str(workspace), "s1").metadata.revision == 3
+
+
+@pytest.mark.parametrize("edit, path", [
+    (lambda m: m.update(iteration="two"), "$.iteration"),
+    (lambda m: m.update(surprise=1), "$"),
+    (lambda m: m["orchestrator"].update(state="DANCING"), "$.orchestrator.state"),
+    (lambda m: m["usage"].update(cost_usd="free"), "$.usage.cost_usd"),
+    (lambda m: m["tasks"].update(extra=True), "$.tasks"),
+])
+def test_corrupt_metadata_is_refused_with_its_path(workspace, edit, path):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    meta_path = os.path.join(s.dir, "metadata.yaml")
+    data = yaml.safe_load(open(meta_path))
+    edit(data)
+    text = yaml.safe_dump(data)
+    with open(meta_path, "w") as f:
+        f.write(text)
+    with pytest.raises(BadInput) as e:
+        load(str(workspace), "s1")
+    assert meta_path in str(e.value) and f"{path}:" in str(e.value)
+    # through the CLI: exit 2, one line, no traceback, and the file untouched
+    for args in (["session", "resume", "s1"], ["session", "status", "s1"]):
+        r = ralph(workspace, *args)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert path in r.stderr and "metadata.yaml" in r.stderr
+    assert open(meta_path).read() == text
+
+
+def test_events_append_and_read_incrementally(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    records, offset = read_events(s.dir)
+    append_event(s.dir, "a.b", {"x": 1}, source="executor", iteration=1, state="PLANNING")
+    append_event(s.dir, "c", "text")
+    new, offset2 = read_events(s.dir, offset)
+    assert [(e["seq"], e["topic"]) for e in new] == [(2, "a.b"), (3, "c")]
+    assert set(new[0]) == {"seq", "ts", "topic", "payload", "source", "iteration", "state"}
+    assert read_events(s.dir, offset2) == ([], offset2)
+
+
+def test_torn_last_line_is_skipped_then_cut(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    append_event(s.dir, "one")
+    path = os.path.join(s.dir, "events.jsonl")
+    whole = open(path, "rb").read()
+    line = json.dumps({"seq": 3, "ts": "x", "topic": "torn", "payload": None}).encode()
+    for cut in range(1, len(line)):
+        with open(path, "wb") as f:
+            f.write(whole + line[:cut])
+        records, offset = read_events(s.dir)
+        assert [r["topic"] for r in records] == ["session.created", "one"]
+        assert offset == len(whole)
+    record = append_event(s.dir, "after")
+    assert record["seq"] == 3
+    lines = open(path, "rb").read().splitlines()
+    assert [json.loads(x)["seq"] for x in lines] == [1, 2, 3]
+
+
+def _append_many(session_dir, worker, count):
+    for i in range(count):
+        append_event(session_dir, "load.test", {"worker": worker, "i": i}, source=f"w{worker}")
+
+
+def test_concurrent_appenders_lose_nothing(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(s.dir, w, 200)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    records, _ = read_events(s.dir)
+    assert [r["seq"] for r in records] == list(range(1, 802))
+    got = {(r["payload"]["worker"], r["payload"]["i"]) for r in records[1:]}
+    assert got == {(w, i) for w in range(4) for i in range(200)}
+
+
+def test_lock_refuses_a_second_holder_and_is_reclaimed_after_death(workspace):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from session_store import acquire_lock; "
+         "acquire_lock(sys.argv[1], 's1'); print('held', flush=True); time.sleep(60)", s.dir],
+        env=base_env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert running_pid(s.dir) == holder.pid
+    with pytest.raises(SessionLocked, match=f"pid {holder.pid}"):
+        acquire_lock(s.dir, "s1")
+    holder.kill()
+    holder.wait()
+    assert running_pid(s.dir) is None
+    fd = acquire_lock(s.dir, "s1")
+    release_lock(fd)
+
+
+def test_lock_refuses_a_symlink(workspace, tmp_path):
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    os.symlink(target, os.path.join(s.dir, "session.lock"))
+    with pytest.raises(BadInput, match="symlink"):
+        acquire_lock(s.dir, "s1")
