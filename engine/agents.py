@@ -40,7 +40,7 @@ class Invocation:
     prompt: str
     env: dict[str, str]
     cwd: str
-    log_base: str          # iterations/<N>/logs/<seq>-<role>[-<task>]; .stdout/.stderr added
+    log_base: str          # iterations/<N>/logs/<seq>-<role>[-<task>]; .prompt.md/.stdout/.stderr
     timeout: float
 
 
@@ -79,10 +79,7 @@ class CommandAgent:
         elif self.prompt_mode is PromptMode.ARG:
             argv.append(inv.prompt)
         else:
-            prompt_file = inv.log_base + ".prompt.md"
-            with open(prompt_file, "w", encoding="utf-8") as f:
-                f.write(inv.prompt)
-            argv.append(prompt_file)
+            argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         with open(inv.log_base + ".stdout", "wb") as out, \

@@ -3,6 +3,7 @@ COMPLETE or PAUSED. The Engine is the machine's model, so hooks reach it as even
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -12,7 +13,7 @@ from session_store import (IterationMetadata, PauseKind, PlannedTask, Session, S
                            progress, read_events, signals)
 from states import State, work_for
 
-from . import hooks, mailbox, prompt
+from . import gates, hooks, mailbox, prompt
 from .agents import Invocation, Outcome, make_agent
 from .clock import SystemClock
 from .config import Config
@@ -29,19 +30,11 @@ class RoleRun:
     outcome: Outcome
     events: list[dict]
 
-    def topics(self) -> list[str]:
-        return [e["topic"] for e in self.events]
-
     def last(self, *topics: str) -> dict | None:
         for e in reversed(self.events):
             if e["topic"] in topics:
                 return e
         return None
-
-    @property
-    def loop_complete(self) -> bool:
-        return "LOOP_COMPLETE" in self.topics() or any(
-            line.strip() == "LOOP_COMPLETE" for line in self.outcome.stdout.splitlines())
 
 
 class Engine:
@@ -57,6 +50,9 @@ class Engine:
         self._iteration: tuple[int, IterationMetadata, list] | None = None
         self.wakeup = threading.Event()   # set by the mailbox watcher and by agents exiting
         self._stopping: Next | None = None
+        self._last_run_ended: float | None = None
+        self.skip_cooldown = False   # set when a human answered: the next run starts at once
+        self._gate_notes: dict[str, list[dict]] = {}   # role -> what the gates did to its run
         build_machine(self, session.metadata.orchestrator.state,
                       before_state_change=hooks.BEFORE_STATE_CHANGE,
                       after_state_change=hooks.AFTER_STATE_CHANGE,
@@ -238,6 +234,11 @@ class Engine:
 
     def run_role(self, role: str, task: PlannedTask | None = None,
                  pending: list[dict] | None = None) -> RoleRun:
+        """One agent invocation. Its events come back gated (engine/gates.py)."""
+        limit = self.limit_reached()
+        if limit:
+            raise Preempted(Next("pause", limit, PauseKind.LIMIT))
+        self._cool_down()
         it, _ = self.iteration()
         self._read_new_events()
         self.metadata.usage.agent_invocations += 1
@@ -258,21 +259,95 @@ class Engine:
             env.pop("RALPH_TASK_ID", None)
         role_config = getattr(self.config.roles, role)
         guidance = self.guidance_for(role)
+        pending = list(pending or [])
+        carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
         text = prompt.build(self.metadata.objective, role, role_config.instructions,
                             guidance=[g["message"] for g in guidance],
-                            pending_events=pending or [])
+                            pending_events=carried + pending)
         inv = Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
                          log_base=it.path("logs", f"{seq:04d}-{name}"),
                          timeout=self.config.agent_for(role).timeout_seconds)
+        it.write(os.path.relpath(inv.log_base + ".prompt.md", it.dir), text, "prompt")
         self.say(f"{self.current} iteration {it.number}: {role}"
                  f"{' ' + task.id if task else ''} (attempt {attempt})")
         self._stopping = None
         outcome = self.agent_for(role).run(inv, self.wakeup, self._stop_requested)
+        self._last_run_ended = self.clock.monotonic()
         if outcome.stopped:
             raise Preempted(self._stopping)
         signals.delivered(self.session.dir, [g["id"] for g in guidance])
-        return RoleRun(role, outcome, [e for e in self._read_new_events()
-                                       if e.get("source") != "engine"])
+        emitted = [e for e in self._read_new_events() if e.get("source") != "engine"]
+        if gates.COMPLETION not in {e["topic"] for e in emitted} and any(
+                line.strip() == gates.COMPLETION for line in outcome.stdout.splitlines()):
+            # a LOOP_COMPLETE line on stdout counts as the event, emitted last
+            emitted.append(self.session.append_event(gates.COMPLETION, "stdout", source=role))
+        self._account_cost(emitted, outcome.stdout)
+        return RoleRun(role, outcome, self._gate(emitted, role, task))
+
+    def publish(self, topic: str, payload, source: str = "engine") -> dict:
+        """An event the engine injects: through the same gate as an agent's."""
+        gated, reason, _warning = gates.judge(topic, payload)
+        if reason:
+            payload = {"reason": reason, "rewritten_from": topic, "payload": payload}
+        record = self.session.append_event(gated, payload, source=source)
+        self._read_new_events()
+        return record
+
+    def _gate(self, emitted: list[dict], role: str, task: PlannedTask | None) -> list[dict]:
+        """Judge a run's events. Each rewrite or note is recorded on the bus and reaches the
+        same role's next prompt, so the agent learns why."""
+        judged = gates.judge_run(emitted)
+        notes = []
+        for event in judged:
+            gate = event.get("gate")
+            if gate and "rewritten_from" in gate:
+                record = self.session.append_event(event["topic"], {
+                    "reason": gate["reason"], "rewritten_from": gate["rewritten_from"],
+                    "original_seq": event["seq"], "task": task.id if task else None})
+                event["payload"] = record["payload"]
+                notes.append(event)
+            elif gate:
+                notes.append(self.session.append_event("gate.note", {
+                    **gate, "topic": event["topic"], "original_seq": event["seq"]}))
+        if notes:
+            self._gate_notes[role] = notes
+            self._read_new_events()
+        return [e for e in judged if "ignored" not in e.get("gate", {})]
+
+    def _account_cost(self, emitted: list[dict], stdout: str) -> None:
+        """Cost from `cost` events ({"usd": N}) and from agents that report it (Claude's
+        result line carries total_cost_usd)."""
+        spent = 0.0
+        for e in emitted:
+            usd = e["payload"].get("usd") if e["topic"] == "cost" and \
+                isinstance(e["payload"], dict) else None
+            if isinstance(usd, (int, float)) and not isinstance(usd, bool) and usd >= 0:
+                spent += usd
+        for line in stdout.splitlines():
+            if '"total_cost_usd"' in line:
+                try:
+                    result = json.loads(line)
+                except ValueError:
+                    continue
+                usd = result.get("total_cost_usd") if isinstance(result, dict) else None
+                if isinstance(usd, (int, float)) and not isinstance(usd, bool) and usd >= 0:
+                    spent += usd
+        if spent:
+            self.metadata.usage.cost_usd = round(self.metadata.usage.cost_usd + spent, 6)
+            self.save()
+
+    def _cool_down(self) -> None:
+        """cooldown_delay_seconds between agent runs, skipped right after a human answer;
+        the mailbox is still heard meanwhile."""
+        delay = self.config.event_loop.cooldown_delay_seconds
+        if self._last_run_ended is None or delay <= 0 or self.skip_cooldown:
+            self.skip_cooldown = False
+            return
+        end = self._last_run_ended + delay
+        while (left := end - self.clock.monotonic()) > 0:
+            self.wakeup.wait(left)
+            self.wakeup.clear()
+            self.checkpoint()
 
     # --- signals (DESIGN §6) ---
 

@@ -117,6 +117,7 @@ class IterationMetadata:
     knowledge_decision: str | None = None   # promoted | skipped | carried
     rejections: list[Rejection] = attrs.Factory(list)
     knowledge_deadline: datetime | None = None
+    failed_batches: list[int] = attrs.Factory(list)   # batches that paused the session
     # the session's task counts when this iteration began, so the session total is
     # always this plus the iteration's own progress.md (no history in metadata)
     tasks_before: TaskCounts = attrs.Factory(TaskCounts)

@@ -94,12 +94,15 @@ class Iteration:
         suffix = "" if attempt == 1 else f"-r{attempt}"
         return self.path("reports", f"{task_id}-report{suffix}.md")
 
+    def report_path(self, task_id: str, attempt: int) -> str | None:
+        """reports/<TASK>-report.md for attempt 1, -report-r<N>.md after; None if absent."""
+        path = self._report_path(task_id, attempt)
+        return path if os.path.exists(path) else None
+
     def latest_report(self, task_id: str) -> str | None:
-        """reports/<TASK>-report.md, then -r2, -r3 ...: the newest attempt's, if any."""
         attempt, latest = 1, None
-        while os.path.exists(self._report_path(task_id, attempt)):
-            latest = self._report_path(task_id, attempt)
-            attempt += 1
+        while (path := self.report_path(task_id, attempt)) is not None:
+            latest, attempt = path, attempt + 1
         return latest
 
     def write_report(self, task_id: str, text: str) -> str:

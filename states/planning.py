@@ -5,35 +5,35 @@ Planning is done once per iteration: its commit point is the iteration's
 """
 from __future__ import annotations
 
+from engine.attempts import run_until_outcome
 from engine.driver_types import Next
+from engine.gates import COMPLETION
 from session_store import BadInput, PauseKind, PlannedTask, check_id, progress, structure
 
 
 def run(engine) -> Next:
     it, meta = engine.iteration()
     if meta.planning_completed_at is None:
-        planned = engine.run_role("planner", pending=_leftovers(engine))
-        if planned.loop_complete:
+        verdict = run_until_outcome(engine, "planner", None, _leftovers(engine),
+                                    done=("plan.ready", COMPLETION))
+        if verdict.kind != "done":
+            return Next("pause", f"the planner produced no plan: {verdict.reason}",
+                        PauseKind.FAILURE)
+        if verdict.event["topic"] == COMPLETION:
             meta.planning_completed_at = engine.clock.now()
             engine.save_iteration(meta)
         else:
             try:
-                tasks = _tasks_of(planned)
+                tasks = _tasks_of(verdict.event)
             except BadInput as e:
                 return Next("pause", f"the planner's plan is unusable: {e}", PauseKind.FAILURE)
-            if not tasks:
-                return Next("pause", "the planner defined no task and did not say LOOP_COMPLETE",
-                            PauseKind.FAILURE)
             engine.record_plan(tasks, _plan_text(it.number, tasks))
     if not meta.tasks_defined:
         return Next("objective_met", "the planner says nothing is left")
     return Next("plan_ready", f"{len(meta.tasks_defined)} tasks in {len(meta.batches())} batches")
 
 
-def _tasks_of(planned) -> list[PlannedTask]:
-    event = planned.last("plan.ready")
-    if event is None:
-        return []
+def _tasks_of(event: dict) -> list[PlannedTask]:
     payload = event["payload"]
     if not isinstance(payload, dict) or not isinstance(payload.get("tasks"), list):
         raise BadInput('plan.ready: $.tasks: expected {"tasks": [{"id", "title", ...}]}')
@@ -44,6 +44,8 @@ def _tasks_of(planned) -> list[PlannedTask]:
         if task.batch < 1:
             raise BadInput(f"plan.ready $.tasks[{i}].batch: expected 1 or more")
         tasks.append(task)
+    if not tasks:
+        raise BadInput("plan.ready $.tasks: expected at least one task")
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise BadInput("plan.ready $.tasks: task ids must be unique")

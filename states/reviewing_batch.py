@@ -1,12 +1,15 @@
 """REVIEWING_BATCH: the Reviewer judges each task of the batch; once every batch is
 reviewed, the Librarian stages what the iteration learned.
 
-A review file is the commit point of a review: on resume, tasks with one are skipped.
+`review.done` is gated (it needs `tests: pass` and `build: pass`); `review.rejected`
+sends the task, with the reason, to the next iteration's planning. A review file is
+the commit point of a review: on resume, tasks with one are skipped.
 """
 from __future__ import annotations
 
 import os
 
+from engine.attempts import run_until_outcome
 from engine.driver_types import Next
 from session_store import Rejection, progress
 
@@ -20,17 +23,17 @@ def run(engine) -> Next:
         if engine.marker(task.id) != progress.DONE:
             _write_review(it, task, "not reviewed", "the task did not complete")
             continue
-        reviewed = engine.run_role("reviewer", task, pending=[
-            {"topic": "review.request", "payload": {"id": task.id, "title": task.title,
-                                                    "report": it.latest_report(task.id)}}])
-        verdict = reviewed.last("review.done", "review.rejected")
-        if verdict is not None and verdict["topic"] == "review.done":
-            _write_review(it, task, "approved", verdict["payload"])
+        verdict = run_until_outcome(
+            engine, "reviewer", task,
+            [{"topic": "review.request", "payload": {"id": task.id, "title": task.title,
+                                                     "report": it.latest_report(task.id)}}],
+            done=("review.done",), failed=("review.rejected",), blocked="review.blocked")
+        if verdict.kind == "done":
+            _write_review(it, task, "approved", verdict.event["payload"])
         else:
-            reason = verdict["payload"] if verdict else "the reviewer gave no verdict"
-            meta.rejections.append(Rejection(task.id, str(reason)))
+            meta.rejections.append(Rejection(task.id, verdict.reason))
             engine.save_iteration(meta)
-            _write_review(it, task, "rejected", reason)
+            _write_review(it, task, "rejected", verdict.reason)
         engine.checkpoint()
     if batch < max(meta.batches()):
         return Next("next_batch", f"batch {batch} reviewed")

@@ -149,12 +149,18 @@ def test_failures_end_tasks_failed_and_the_timeout_kills_the_group(workspace):
                                        "timeout_seconds": 2}})
     started = time.monotonic()
     r = ralph(workspace, "session", "start", "obj", "--id", "f1")
-    assert r.returncode == 0, r.stdout + r.stderr  # completed, with [F] tasks
     assert time.monotonic() - started < 30
+    # every task of the batch failed: the session pauses with the reasons
+    assert r.returncode == 3, r.stdout + r.stderr
     sd = only_session(workspace)
+    assert "every task of batch 1 failed" in metadata(sd)["orchestrator"]["pause_reason"]
+    r = ralph(workspace, "session", "resume", "f1")
+    assert r.returncode == 0, r.stdout + r.stderr  # completed, with [F] tasks
     assert progress_markers(sd) == {"1": {"blocked": "F", "crashes": "F", "hangs": "F"}}
     text = (sd / "iterations/1/progress.md").read_text()
-    assert "build.blocked: no compiler" in text and "exited with 7" in text and "timed out" in text
+    assert "abandoned after 3 consecutive build.blocked: no compiler" in text
+    assert "no outcome after 3 task.resume retries (last exit code 7)" in text
+    assert "the executor timed out" in text
     assert metadata(sd)["tasks"]["failed"] == 3
     for task in ("blocked", "crashes", "hangs"):
         assert "not reviewed" in (sd / f"iterations/1/reviews/{task}.md").read_text()
