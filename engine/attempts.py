@@ -29,13 +29,16 @@ def run_until_outcome(engine, role: str, task, pending: list[dict], *, done: tup
                       streaks: Streaks = Streaks(),
                       after_each: Callable | None = None) -> Verdict:
     """Run `role` until an outcome; `after_each(run, attempt_outcome)` records each attempt
-    (attempt_outcome: done | failed | blocked | empty | timed_out)."""
+    (attempt_outcome: done | failed | blocked | empty | asked | timed_out)."""
     blocked_streak, empty_streak = streaks
     while True:
         run = engine.run_role(role, task, pending)
         final = run.last(*done, *failed, *((blocked,) if blocked else ()))
         if final is None and run.outcome.timed_out:
             verdict, attempt = Verdict("timed_out", None, f"the {role} timed out"), "timed_out"
+        elif final is None and run.last("human.interact"):
+            # it asked a human: the answer (or the timeout) is its next prompt's news
+            verdict, attempt, pending = None, "asked", []
         elif final is None:
             empty_streak, blocked_streak, attempt = empty_streak + 1, 0, "empty"
             verdict = None

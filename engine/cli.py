@@ -136,6 +136,53 @@ def cmd_list(args) -> int:
     return EXIT_OK
 
 
+# --- humans ---
+
+def cmd_answer(args) -> int:
+    from session_store import BadInput, load, questions
+
+    from .clock import SystemClock
+    session = load(workspace(args), args.session_id)
+    qid = args.question
+    if qid is None:
+        waiting = questions.pending(session.dir)
+        if not waiting:
+            raise BadInput(f"session {session.id} has no pending question")
+        if len(waiting) > 1:
+            raise BadInput(f"session {session.id} has several pending questions "
+                           f"({', '.join(q.id for q in waiting)}); name one with --question")
+        qid = waiting[0].id
+    from session_store import check_id
+    check_id(qid, "question id")
+    questions.answer(session.dir, qid, args.text, now=SystemClock().now(), channel="cli")
+    print(f"answered {qid}")
+    return EXIT_OK
+
+
+def cmd_interact_ask(args) -> int:
+    """For agents: ask a human and block inside the agent's own run."""
+    from .interact import ask_and_wait
+    answer, answered = ask_and_wait(args.question, timeout=args.timeout, default=args.default,
+                                    options=args.option or [], session_id=args.session,
+                                    workspace=workspace(args))
+    if answer is not None:
+        print(answer)
+    return EXIT_OK if answered else EXIT_PAUSED
+
+
+def cmd_interact_progress(args) -> int:
+    """For agents: a fire-and-forget note to the humans, recorded on the bus."""
+    from session_store import append_event
+    session = _open_session(args)
+    iteration = os.environ.get("RALPH_ITERATION", "")
+    record = append_event(session.dir, "human.progress", args.message,
+                          source=os.environ.get("RALPH_ROLE") or "cli",
+                          iteration=int(iteration) if iteration.isdigit() else None,
+                          state=os.environ.get("RALPH_STATE") or None)
+    print(f"progress noted (seq {record['seq']})")
+    return EXIT_OK
+
+
 # --- signals ---
 
 def _open_session(args):
@@ -268,6 +315,12 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_status)
 
+    p = ssub.add_parser("answer", parents=[common], help="answer a pending human question")
+    p.add_argument("session_id", metavar="ID")
+    p.add_argument("text")
+    p.add_argument("--question", metavar="QID", help="default: the only pending question")
+    p.set_defaults(handler=cmd_answer)
+
     p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_list)
@@ -292,6 +345,20 @@ def build_parser() -> Parser:
     p.add_argument("--session", help=SESSION_FLAGS_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_signals_poll)
+
+    interact = tsub.add_parser("interact", help="talk to the humans")
+    isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser)
+    p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
+    p.add_argument("question")
+    p.add_argument("--timeout", type=float, help="seconds (default: RObot.timeout_seconds)")
+    p.add_argument("--default", help="printed on timeout (exit 3)")
+    p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.set_defaults(handler=cmd_interact_ask)
+    p = isub.add_parser("progress", parents=[common], help="tell the humans how it goes")
+    p.add_argument("message")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.set_defaults(handler=cmd_interact_progress)
 
     p = sub.add_parser("emit", help="for agents: append an event to the session's bus")
     p.add_argument("topic")

@@ -14,6 +14,9 @@ A scenario YAML lists steps; the first whose `role` (and, when given, `iteration
         emit:                   # events, as `ralph emit` would append them
           - {topic: build.done, payload: "tests: pass, lint: pass"}
           - {topic: plan.ready, json: {tasks: [{id: t1, title: "...", batch: 1}]}}
+        ask: {question: "Which DB?", timeout: 5, default: "sqlite", options: [a, b]}
+                                # blocks like `ralph tools interact ask`; later strings may
+                                # use {answer}; a timeout makes the step exit 3 after it
         stdout: "text to print"
         exit: 0
 
@@ -69,6 +72,15 @@ def find_step(scenario: dict, names: dict) -> dict | None:
 
 def play(step: dict, env: dict) -> int:
     time.sleep(float(step.get("sleep", 0)) * float(env.get("RALPH_DEMO_SLEEP_SCALE", 1)))
+    answered = True
+    if step.get("ask"):
+        from engine.interact import ask_and_wait  # only scenarios that ask pay for it
+        ask = step["ask"]
+        answer, answered = ask_and_wait(
+            str(ask["question"]), timeout=ask.get("timeout"), default=ask.get("default"),
+            options=[str(o) for o in ask.get("options") or []],
+            session_id=env["RALPH_SESSION_ID"], workspace=env["RALPH_WORKSPACE"])
+        step = _fill({k: v for k, v in step.items() if k != "ask"}, {"answer": answer or ""})
     for rel, content in (step.get("write") or {}).items():
         _write(os.path.join(os.getcwd(), rel), content)
     for rel, content in (step.get("write_iteration") or {}).items():
@@ -80,7 +92,7 @@ def play(step: dict, env: dict) -> int:
                      iteration=int(iteration) if iteration else None, state=env.get("RALPH_STATE"))
     if step.get("stdout"):
         print(step["stdout"], flush=True)
-    return int(step.get("exit", 0))
+    return int(step.get("exit", 0 if answered else 3))
 
 
 def _write(path: str, content: str) -> None:

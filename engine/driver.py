@@ -13,7 +13,7 @@ from session_store import (IterationMetadata, PauseKind, PlannedTask, Session, S
                            progress, read_events, signals)
 from states import State, work_for
 
-from . import gates, hooks, mailbox, prompt
+from . import gates, hooks, humans, mailbox, prompt
 from .agents import Invocation, Outcome, make_agent
 from .clock import SystemClock
 from .config import Config
@@ -69,10 +69,11 @@ class Engine:
         return State(self.state)  # `state` is set by the transitions Machine
 
     def run(self, resume: bool = False) -> int:
-        stop_watching = mailbox.watch([os.path.join(self.session.dir, "signals", "inputs")],
-                                      self.wakeup)
+        stop_watching = mailbox.watch([os.path.join(self.session.dir, "signals", "inputs"),
+                                       os.path.join(self.session.dir, "answers")], self.wakeup)
         try:
             self.reconcile()
+            humans.recover(self)
             pending = mailbox.recover(self)
             if pending is not None:
                 self.fire(pending)
@@ -238,6 +239,7 @@ class Engine:
         limit = self.limit_reached()
         if limit:
             raise Preempted(Next("pause", limit, PauseKind.LIMIT))
+        self.hold_for_human()  # no agent runs while the loop waits for a human
         self._cool_down()
         it, _ = self.iteration()
         self._read_new_events()
@@ -261,9 +263,11 @@ class Engine:
         guidance = self.guidance_for(role)
         pending = list(pending or [])
         carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
+        human_events = [{"topic": g["topic"], "payload": g["message"]}
+                        for g in guidance if g.get("topic")]
         text = prompt.build(self.metadata.objective, role, role_config.instructions,
-                            guidance=[g["message"] for g in guidance],
-                            pending_events=carried + pending)
+                            guidance=[g["message"] for g in guidance if not g.get("topic")],
+                            pending_events=human_events + carried + pending)
         inv = Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
                          log_base=it.path("logs", f"{seq:04d}-{name}"),
                          timeout=self.config.agent_for(role).timeout_seconds)
@@ -282,6 +286,9 @@ class Engine:
             # a LOOP_COMPLETE line on stdout counts as the event, emitted last
             emitted.append(self.session.append_event(gates.COMPLETION, "stdout", source=role))
         self._account_cost(emitted, outcome.stdout)
+        interact = next((e for e in reversed(emitted) if e["topic"] == "human.interact"), None)
+        if interact is not None:
+            humans.ask(self, interact, role, task)
         return RoleRun(role, outcome, self._gate(emitted, role, task))
 
     def publish(self, topic: str, payload, source: str = "engine") -> dict:
@@ -352,8 +359,7 @@ class Engine:
     # --- signals (DESIGN §6) ---
 
     def poll_signals(self, requested: str) -> None:
-        if requested not in ("pause", "abort"):
-            mailbox.poll(self, "resume" if requested == "resume" else "transition")
+        mailbox.poll(self, "resume" if requested == "resume" else "transition")
 
     def checkpoint(self, mode: str = "checkpoint") -> None:
         """Between tasks, between reviews, while waiting: take what the mailbox holds."""
@@ -364,8 +370,9 @@ class Engine:
         return self._stopping.reason if self._stopping else None
 
     def guidance_for(self, role: str) -> list[dict]:
-        """Queued STEER/INFO for this role or for all; they leave the queue once a run that
-        carried them completes, so a run a crash cut short gets them again."""
+        """Queued STEER/INFO (and human responses) for this role or for all; they leave the
+        queue once a run that carried them completes, so a run a crash cut short gets
+        them again."""
         return [g for g in signals.guidance(self.session.dir) if g["target"] in ("all", role)]
 
     def add_resume_message(self, text: str) -> None:
@@ -381,7 +388,8 @@ class Engine:
     # --- humans (DESIGN §7) ---
 
     def hold_for_human(self) -> None:
-        """Hold the transition while a blocking human question is pending."""
+        """Hold while the loop's human question is pending (DESIGN §7)."""
+        humans.hold(self)
 
     def abort_cleanup(self) -> None:
         """Seed 001 §3.4: [/] tasks become [F], the iteration gets completed_at; nothing is

@@ -11,14 +11,19 @@ from session_store import LastTransitionRecord, PauseKind, Status
 from states import State
 
 
+STOPS = ("pause", "abort")  # these take effect at once: no polling, no holding before them
+
+
 def poll_signals(event) -> None:
     """Consume the mailbox; a PAUSE or ABORT taken here wins over the requested trigger."""
-    event.model.poll_signals(requested=event.event.name)
+    if event.event.name not in STOPS:
+        event.model.poll_signals(requested=event.event.name)
 
 
 def hold_for_human(event) -> None:
     """Wait while a blocking human question is pending (answered or timed out first)."""
-    event.model.hold_for_human()
+    if event.event.name not in STOPS:
+        event.model.hold_for_human()
 
 
 # --- effects of each trigger on the session, applied once the state has changed ---

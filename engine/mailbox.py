@@ -71,12 +71,14 @@ def handle(engine, signal, mode: str) -> Next | None:
 
 def queue_guidance(engine, signal) -> str:
     who = signal.role.capitalize() if signal.role else "the next invocation of any role"
-    if signals.queue_guidance(engine.session.dir, {
-            "id": signal.name, "type": signal.type, "target": signal.role or "all",
-            "message": signal.message, "at": engine.clock.now().isoformat()}):
-        engine.session.append_scratchpad(
-            f"- {engine.clock.now().isoformat(timespec='seconds')} {signal.type} for {who}: "
-            f"{signal.message} ({signal.name})", unless_contains=signal.name)
+    signals.queue_guidance(engine.session.dir, {
+        "id": signal.name, "type": signal.type, "target": signal.role or "all",
+        "message": signal.message, "at": engine.clock.now().isoformat()})
+    # Not only when newly queued: a crash between the queue and the scratchpad would lose
+    # the note. Both steps are idempotent by the signal's name.
+    engine.session.append_scratchpad(
+        f"- {engine.clock.now().isoformat(timespec='seconds')} {signal.type} for {who}: "
+        f"{signal.message} ({signal.name})", unless_contains=signal.name)
     return f"queued for {who}"
 
 

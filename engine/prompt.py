@@ -38,14 +38,19 @@ SKILLS = (
     "## SKILLS\n\n"
     "### Events\n"
     "Publish with `ralph emit TOPIC \"payload\"` or `ralph emit TOPIC --json '{...}'`; the "
-    "session and your role are taken from the environment (RALPH_SESSION_ID, RALPH_ROLE).\n\n"
+    "session and your role are taken from the environment (RALPH_SESSION_ID, RALPH_ROLE).\n"
+    "At your step boundaries, `ralph tools signals poll` takes the guidance humans sent you "
+    "while you run.\n\n"
     "### Robot (human in the loop)\n"
-    "- `ralph tools interact progress \"message\"`: tell the human how it goes (non-blocking).\n"
-    "- `ralph tools interact ask \"question\" [--timeout S] [--default TEXT]`: block until a "
-    "human answers; the answer is printed (exit 3 and the default on timeout).\n"
+    "- `ralph tools interact ask \"question\" [--option A --option B] [--default TEXT] "
+    "[--timeout S]`: block until a human answers; the answer is printed (on timeout: exit 3 "
+    "and the default, which you then act on).\n"
     "- `ralph emit human.interact \"question\"`: ask after this run; the loop waits for the "
-    "answer, which reaches your next prompt.\n"
-    "- `ralph tools signals poll --role ROLE`: take the guidance sent to you while you run.\n")
+    "answer, which reaches your next prompt as human.response.\n"
+    "- `ralph tools interact progress \"message\"`: tell the human how it goes (non-blocking).\n"
+    "Rules: ask only what the objective, the specs, the code and the scratchpad cannot tell "
+    "you; never ask again what was answered (see ROBOT GUIDANCE and PENDING EVENTS); never "
+    "ask and report progress in the same turn; offer options and a default when you can.\n")
 
 
 def _event_line(event: dict) -> str:

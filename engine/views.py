@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, list_ids, load, read_events, running_pid,
-                           sessions_root)
+from session_store import (BadInput, PauseKind, list_ids, load, questions, read_events,
+                           running_pid, sessions_root)
 from states import State
 
 
@@ -43,7 +43,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
                   "failed": m.tasks.failed, "pending": m.tasks.pending},
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
-        "pending_question": m.pending_question,
+        "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
         "waiting_signals": sorted(os.listdir(inputs)) if os.path.isdir(inputs) else [],
         "usage": {"cost_usd": m.usage.cost_usd, "runtime_seconds": m.usage.runtime_seconds,
                   "agent_invocations": m.usage.agent_invocations},
@@ -57,6 +57,16 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     }
 
 
+def _question_view(q, session_id: str) -> dict:
+    now = datetime.now(timezone.utc)
+    return {"id": q.id, "text": q.text, "kind": q.kind, "options": q.options,
+            "default": q.default, "asked_at": q.asked_at.isoformat(),
+            "age_seconds": round((now - q.asked_at).total_seconds()),
+            "deadline": q.deadline.isoformat(), "on_timeout": q.on_timeout,
+            "role": q.context.role, "task": q.context.task,
+            "answer_command": f"ralph session answer {session_id} \"...\" --question {q.id}"}
+
+
 def status_text(v: dict) -> str:
     lines = [f"session {v['session_id']}: {v['status']} in {v['state']}"
              f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
@@ -67,8 +77,10 @@ def status_text(v: dict) -> str:
         lines.append(f"paused: {v['pause_reason']}")
     if v["resume_command"]:
         lines.append(f"resume: {v['resume_command']}")
-    if v["pending_question"]:
-        lines.append(f"waiting for an answer to question {v['pending_question']}")
+    for q in v["pending_questions"]:
+        lines.append(f"question {q['id']} ({q['role'] or 'agent'}, asked {_age(q['age_seconds'])} ago, "
+                     f"deadline {q['deadline'][:19]}, on timeout: {q['on_timeout']}): {q['text']}")
+        lines.append(f"  answer: {q['answer_command']}")
     if v["waiting_signals"]:
         lines.append(f"signals waiting: {len(v['waiting_signals'])}")
     u, lim = v["usage"], v["limits"]

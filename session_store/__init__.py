@@ -11,7 +11,7 @@ __all__ = [
     "append_event", "read_events", "now_iso",
     "acquire_lock", "release_lock", "running_pid",
     "SessionMetadata", "IterationMetadata", "PlannedTask", "LastTransitionRecord", "Rejection", "Limits", "Status", "PauseKind",
-    "progress", "signals", "write_atomic", "make_dirs", "structure", "parse_yaml", "dump_yaml",
+    "progress", "signals", "questions", "write_atomic", "make_dirs", "structure", "parse_yaml", "dump_yaml",
     "unstructure",
 ]
 
@@ -33,7 +33,7 @@ _RENAMED = {"acquire_lock": ("_lock", "acquire"), "release_lock": ("_lock", "rel
 
 
 def __getattr__(name):
-    if name in ("progress", "signals"):
+    if name in ("progress", "signals", "questions"):
         return import_module(f"{__name__}._{name}")
     if name in _WHERE:
         return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

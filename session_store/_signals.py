@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import secrets
+import stat
 from datetime import datetime
 
 import attrs
@@ -58,20 +60,35 @@ def canonical_target(value: str) -> str | None:
     return next((t for t in TARGETS if t.lower() == name.lower()), None)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def _shown(value) -> str:
+    """A value for an error message, bounded: YAML aliases can make a 600-byte file a list
+    of 9**9 items, whose full repr never ends."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # e.g. an int too long to print
+        return f"a {type(value).__name__}"
+
+
 def validate(data, name: str = "signal") -> Signal:
     """A signal from parsed YAML, or BadInput saying which field is wrong."""
     if not isinstance(data, dict):
         raise BadInput(f"$: expected a mapping with type, target, message")
-    unknown = sorted(str(k) for k in data if k not in FIELDS)
+    unknown = sorted(k if isinstance(k, str) else _shown(k) for k in data if k not in FIELDS)
     if unknown:
         raise BadInput(f"$: unknown field {', '.join(unknown)}")
     kind = data.get("type")
     if not isinstance(kind, str) or kind.upper() not in TYPES:
-        raise BadInput(f"$.type: expected one of {', '.join(TYPES)}, got {kind!r}")
+        raise BadInput(f"$.type: expected one of {', '.join(TYPES)}, got {_shown(kind)}")
     target = data.get("target", "ALL")
     canonical = canonical_target(target) if isinstance(target, str) else None
     if canonical is None:
-        raise BadInput(f"$.target: expected one of {', '.join(TARGETS)}, got {target!r}")
+        raise BadInput(f"$.target: expected one of {', '.join(TARGETS)}, got {_shown(target)}")
     message = data.get("message", "")
     if message is None:
         message = ""
@@ -79,7 +96,7 @@ def validate(data, name: str = "signal") -> Signal:
         raise BadInput(f"$.message: expected a string, got {type(message).__name__}")
     iteration = data.get("iteration")
     if iteration is not None and (type(iteration) is not int or iteration < 1):
-        raise BadInput(f"$.iteration: expected a positive integer, got {iteration!r}")
+        raise BadInput(f"$.iteration: expected a positive integer, got {_shown(iteration)}")
     return Signal(name, kind.upper(), canonical, message, iteration)
 
 
@@ -98,10 +115,12 @@ def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: st
 
 
 def waiting(session_dir: str) -> list[str]:
-    """Signal files in inputs/, oldest first (their names start with the time)."""
+    """Signal files in inputs/, oldest first (their names start with the time).
+    Directories are no signal files: they are left alone."""
     inputs, _, _ = _dirs(session_dir)
     try:
-        return sorted(n for n in os.listdir(inputs) if not n.startswith("."))
+        return sorted(e.name for e in os.scandir(inputs)
+                      if not e.name.startswith(".") and not e.is_dir(follow_symlinks=False))
     except FileNotFoundError:
         return []
 
@@ -111,7 +130,8 @@ def read(session_dir: str, name: str, where: str = "inputs") -> tuple[Signal | N
     inputs, processed, _ = _dirs(session_dir)
     path = os.path.join(inputs if where == "inputs" else processed, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: opening a FIFO dropped in inputs/ must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, None, b""
     except OSError as e:
@@ -192,8 +212,16 @@ def finish_rejections(session_dir: str, now: datetime) -> None:
     _, _, rejected = _dirs(session_dir)
     for n in sorted(os.listdir(rejected)):
         if n.endswith(TAKEN):
-            with open(os.path.join(rejected, n), "rb") as f:
-                raw = f.read(MAX_SIGNAL_BYTES)
+            try:
+                fd = os.open(os.path.join(rejected, n),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    raw = os.read(fd, MAX_SIGNAL_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) \
+                        else b"?"
+                finally:
+                    os.close(fd)
+            except OSError:  # a symlink, or gone
+                raw = b"?"
             _finish_reject(rejected, n[:-len(TAKEN)], "rejected (recovered after a crash)",
                            raw, now)
 

@@ -1,0 +1,143 @@
+"""Humans in the loop (seed 000, DESIGN §7): the loop-level block of `human.interact`.
+
+An agent's `human.interact` makes the engine ask after that run; no agent runs and no
+transition happens until the question is answered or its deadline passes. The answer
+reaches the next prompt as `human.response`; a timeout applies `RObot.on_timeout`.
+Every step is keyed by the question id, so a crash never applies an answer twice, and
+a deadline that passed while the engine was down is applied once, on resume.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from session_store import PauseKind, questions, signals
+
+from .driver_types import Next, Preempted
+
+
+def ask(engine, event: dict, role: str, task) -> questions.Question:
+    payload = event.get("payload")
+    text, options, default = payload, [], None
+    if isinstance(payload, dict):
+        text = payload.get("text") or payload.get("question") or str(payload)
+        options = [str(o) for o in payload.get("options") or []]
+        default = payload.get("default")
+    now = engine.clock.now()
+    robot = engine.config.RObot
+    question = questions.ask(engine.session.dir, questions.Question(
+        id=questions.new_question_id(now), text=str(text or "(no question text)"),
+        asked_at=now, deadline=now + timedelta(seconds=robot.timeout_seconds),
+        on_timeout=robot.on_timeout.value, options=options,
+        default=None if default is None else str(default),
+        context=questions.QuestionContext(session=engine.session.id, state=engine.current.value,
+                                iteration=engine.metadata.iteration, role=role,
+                                task=task.id if task else None)))
+    engine.metadata.pending_question = question.id
+    engine.save()
+    engine.session.append_event("human.question", {"id": question.id, "text": question.text,
+                                                   "deadline": question.deadline.isoformat()})
+    engine.say(f"question {question.id} for a human: {question.text}  "
+               f"(answer: ralph session answer {engine.session.id} \"...\")")
+    return question
+
+
+def hold(engine) -> None:
+    """Block while the loop's question is pending; apply its answer or its timeout."""
+    deliver_late_answers(engine)
+    qid = engine.metadata.pending_question
+    if not qid:
+        return
+    d = engine.session.dir
+    question = questions.load_question(d, qid)
+    while True:
+        answer = questions.read_answer(d, qid)
+        if question.status is questions.QuestionStatus.ANSWERED or answer is not None:
+            _apply_answer(engine, question, answer)
+            return
+        timed_out = question.status is questions.QuestionStatus.TIMED_OUT or (
+            engine.clock.now() >= question.deadline)
+        if timed_out:
+            _apply_timeout(engine, question)
+            return
+        engine.checkpoint()  # PAUSE / ABORT still work while we wait
+        engine.wait(question.deadline)
+
+
+def _apply_answer(engine, question: questions.Question, answer) -> None:
+    d = engine.session.dir
+    if answer is not None:
+        _queue_event(engine, question.id, "human.response",
+                     {"question": question.text, "answer": answer.text, "id": question.id})
+    if question.status is not questions.QuestionStatus.ANSWERED:
+        questions.resolve(d, question, questions.QuestionStatus.ANSWERED, engine.clock.now())
+        engine.session.append_event("human.response", {
+            "id": question.id, "answer": answer.text if answer else None,
+            "channel": answer.channel if answer else None})
+    engine.metadata.pending_question = None
+    engine.skip_cooldown = True   # a human answered: the next run starts at once
+    engine.save()
+
+
+def _apply_timeout(engine, question: questions.Question) -> None:
+    """The policy of an unanswered question: continue (the next prompt is told), pause
+    (the question stays answerable; resume goes on with its answer), abort."""
+    d, now = engine.session.dir, engine.clock.now()
+    policy = question.on_timeout
+    if policy == "pause" and not question.timeout_paused:
+        question.timeout_paused = True  # once: a resume without an answer goes on without it
+        questions.save_question(d, question)
+        engine.session.append_event("human.timeout", {"id": question.id, "policy": policy})
+        raise Preempted(Next("pause", f"question {question.id} unanswered by its deadline: "
+                                      f"{question.text}", PauseKind.QUESTION))
+    if question.status is not questions.QuestionStatus.TIMED_OUT:
+        questions.resolve(d, question, questions.QuestionStatus.TIMED_OUT, now)
+        if policy != "pause":
+            engine.session.append_event("human.timeout", {"id": question.id, "policy": policy})
+    _queue_event(engine, question.id, "human.timeout",
+                 {"id": question.id, "question": question.text,
+                  "policy": policy, "default": question.default})
+    engine.metadata.pending_question = None
+    engine.save()
+    if policy == "abort":
+        raise Preempted(Next("abort", f"question {question.id} unanswered by its deadline"))
+
+
+def deliver_late_answers(engine) -> None:
+    """An answer that came after its question timed out is kept and reaches the next
+    prompt as guidance, once."""
+    d = engine.session.dir
+    for question in questions.questions(d):
+        if question.status is not questions.QuestionStatus.TIMED_OUT or question.late_answer_delivered:
+            continue
+        answer = questions.read_answer(d, question.id)
+        if answer is None:
+            continue
+        signals.queue_guidance(d, {"id": f"late-{question.id}", "type": "INFO", "target": "all",
+                                   "message": f"Late answer to \"{question.text}\": {answer.text}",
+                                   "at": engine.clock.now().isoformat()})
+        engine.session.append_scratchpad(
+            f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
+            f"{question.id}: {answer.text}", unless_contains=f"late answer to {question.id}")
+        question.late_answer_delivered = True
+        questions.save_question(d, question)
+
+
+def recover(engine) -> None:
+    """After a crash: a loop question written just before the engine died is adopted (the
+    question file is the commit point of asking); an in-run `ask` whose agent died with
+    the engine waits for nobody and is cancelled (the re-run asks again)."""
+    d = engine.session.dir
+    for question in questions.questions(d):
+        if question.status is not questions.QuestionStatus.PENDING:
+            continue
+        if question.kind == "in_run":
+            questions.resolve(d, question, questions.QuestionStatus.CANCELLED, engine.clock.now())
+        elif engine.metadata.pending_question is None:
+            engine.metadata.pending_question = question.id
+            engine.save()
+
+
+def _queue_event(engine, qid: str, topic: str, payload: dict) -> None:
+    signals.queue_guidance(engine.session.dir, {
+        "id": f"{topic}-{qid}", "type": "EVENT", "topic": topic, "target": "all",
+        "message": payload, "at": engine.clock.now().isoformat()})

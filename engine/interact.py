@@ -1,0 +1,74 @@
+"""`ralph tools interact ask`: a blocking question inside the agent's own run (seed 003).
+
+The agent's process waits (its context is kept) until a channel writes the answer or the
+timeout passes; its timeout is the agent's to handle (exit 3 and the default), not the
+engine's policy. The wait wakes on the answer file landing (inotify through watchdog).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from datetime import timedelta
+
+from session_store import BadInput, load, questions, resolve_id
+
+from . import config as cfg
+from .clock import SystemClock
+from .mailbox import watch
+
+
+def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
+                 options: list[str], session_id: str | None, workspace: str,
+                 clock=None) -> tuple[str | None, bool]:
+    """(the answer, True) or (the default, False) on timeout."""
+    clock = clock or SystemClock()
+    session = load(workspace, resolve_id(workspace, session_id))
+    if timeout is None:
+        timeout = cfg.load_session_config(session).RObot.timeout_seconds
+    if timeout <= 0:
+        raise BadInput(f"--timeout {timeout:g}: expected a positive number of seconds")
+    now = clock.now()
+    iteration = os.environ.get("RALPH_ITERATION", "")
+    question = questions.ask(session.dir, questions.Question(
+        id=questions.new_question_id(now), text=text, asked_at=now,
+        deadline=now + timedelta(seconds=timeout), on_timeout="continue", kind="in_run",
+        options=options, default=default,
+        context=questions.QuestionContext(
+            session=session.id, state=os.environ.get("RALPH_STATE")
+            or session.metadata.orchestrator.state.value,
+            iteration=int(iteration) if iteration.isdigit() else session.metadata.iteration,
+            role=os.environ.get("RALPH_ROLE"), task=os.environ.get("RALPH_TASK_ID"))))
+    session.append_event("human.question", {"id": question.id, "text": text, "in_run": True,
+                                            "deadline": question.deadline.isoformat()},
+                         source=os.environ.get("RALPH_ROLE") or "cli")
+    woken = threading.Event()
+    stop_watching = watch([os.path.join(session.dir, "answers")], woken)
+    previous = signal.signal(signal.SIGTERM, _cancel_on_term)
+    try:
+        while True:
+            answer = questions.read_answer(session.dir, question.id)
+            if answer is not None:
+                questions.resolve(session.dir, question, questions.QuestionStatus.ANSWERED,
+                                  clock.now())
+                return answer.text, True
+            left = (question.deadline - clock.now()).total_seconds()
+            if left <= 0:
+                questions.resolve(session.dir, question, questions.QuestionStatus.TIMED_OUT,
+                                  clock.now())
+                session.append_event("human.timeout", {"id": question.id, "in_run": True,
+                                                       "default": default},
+                                     source=os.environ.get("RALPH_ROLE") or "cli")
+                return default, False
+            woken.wait(left)
+            woken.clear()
+    except KeyboardInterrupt:
+        questions.resolve(session.dir, question, questions.QuestionStatus.CANCELLED, clock.now())
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_watching()
+
+
+def _cancel_on_term(_signum, _frame):
+    raise KeyboardInterrupt  # the agent is being stopped: the question is cancelled

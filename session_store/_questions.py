@@ -1,0 +1,142 @@
+"""Human questions and their one answer (DESIGN §7).
+
+`questions/<QID>.yaml` is rewritten atomically as its status moves (pending ->
+answered | timed_out | cancelled). `answers/<QID>.yaml` is created exclusively: the
+first answer wins, a second is refused and changes nothing. Channels (the CLI,
+Telegram) only write answers; whoever waits on the question resolves its status.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+from datetime import datetime
+
+import attrs
+
+from ._atomic import create_exclusive, write_atomic
+from ._errors import BadInput
+from ._schema import dump_yaml, parse_yaml, structure, unstructure
+
+
+class QuestionStatus(enum.Enum):
+    PENDING = "pending"
+    ANSWERED = "answered"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+@attrs.define
+class QuestionContext:
+    session: str
+    state: str
+    iteration: int
+    role: str | None = None
+    task: str | None = None
+
+
+@attrs.define
+class Question:
+    id: str
+    text: str
+    asked_at: datetime
+    deadline: datetime
+    on_timeout: str                      # continue | pause | abort
+    context: QuestionContext
+    kind: str = "loop"                   # loop (human.interact) | in_run (tools interact ask)
+    status: QuestionStatus = QuestionStatus.PENDING
+    options: list[str] = attrs.Factory(list)
+    default: str | None = None
+    resolved_at: datetime | None = None
+    late_answer_delivered: bool = False
+    timeout_paused: bool = False         # on_timeout: pause has paused the session once
+
+
+@attrs.define
+class Answer:
+    question: str
+    text: str
+    answered_at: datetime
+    channel: str = "cli"
+
+
+def _qpath(session_dir: str, qid: str) -> str:
+    return os.path.join(session_dir, "questions", f"{qid}.yaml")
+
+
+def _apath(session_dir: str, qid: str) -> str:
+    return os.path.join(session_dir, "answers", f"{qid}.yaml")
+
+
+def new_question_id(now: datetime) -> str:
+    return f"q{now.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def ask(session_dir: str, question: Question) -> Question:
+    write_atomic(_qpath(session_dir, question.id), dump_yaml(unstructure(question)), "question")
+    return question
+
+
+def save_question(session_dir: str, question: Question) -> None:
+    write_atomic(_qpath(session_dir, question.id), dump_yaml(unstructure(question)),
+                 "question-status")
+
+
+def load_question(session_dir: str, qid: str) -> Question:
+    path = _qpath(session_dir, qid)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BadInput(f"unknown question {qid!r}") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
+    with os.fdopen(fd, "rb") as f:
+        return structure(parse_yaml(f.read(), path), Question, path)
+
+
+def questions(session_dir: str) -> list[Question]:
+    """Every question of the session, oldest first (unreadable files are skipped)."""
+    folder = os.path.join(session_dir, "questions")
+    found = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".yaml") and not name.startswith("."):
+            try:
+                found.append(load_question(session_dir, name[:-5]))
+            except BadInput:
+                continue
+    return sorted(found, key=lambda q: q.asked_at)
+
+
+def pending(session_dir: str) -> list[Question]:
+    """Questions still waiting for an answer (none written yet)."""
+    return [q for q in questions(session_dir) if q.status is QuestionStatus.PENDING
+            and not os.path.exists(_apath(session_dir, q.id))]
+
+
+def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
+    """Write the one answer to `qid`; BadInput when it is unknown, cancelled or answered."""
+    question = load_question(session_dir, qid)
+    if question.status is QuestionStatus.CANCELLED:
+        raise BadInput(f"question {qid} was cancelled: it takes no answer")
+    result = Answer(question=qid, text=text, answered_at=now, channel=channel)
+    if not create_exclusive(_apath(session_dir, qid), dump_yaml(unstructure(result)), "answer"):
+        raise BadInput(f"question {qid} is already answered")
+    return result
+
+
+def read_answer(session_dir: str, qid: str) -> Answer | None:
+    path = _apath(session_dir, qid)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
+    with os.fdopen(fd, "rb") as f:
+        return structure(parse_yaml(f.read(), path), Answer, path)
+
+
+def resolve(session_dir: str, question: Question, status: QuestionStatus, now: datetime) -> None:
+    question.status = status
+    question.resolved_at = now
+    save_question(session_dir, question)

@@ -1,0 +1,284 @@
+"""Humans through the CLI channel: durable questions, the loop-level block and its
+timeout policies, the in-run ask, kill -9 during a block, guidance in the prompt."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
+                      spawn, wait_for, write_config, write_scenario)
+from test_gates import DONE, EVIDENCE, plan, prompts
+
+
+def question_files(sd: Path) -> list[dict]:
+    return [yaml.safe_load(p.read_text()) for p in sorted((sd / "questions").glob("*.yaml"))]
+
+
+def pending_qid(sd: Path) -> str:
+    def find():
+        qs = [q for q in question_files(sd) if q["status"] == "pending"] if sd.exists() else []
+        return qs[0]["id"] if qs else None
+    return wait_for(find)
+
+
+def start(workspace, steps, config=None, sid="h", env=None):
+    scenario = write_scenario(workspace, steps)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             **(config or {})})
+    return spawn(workspace, "session", "start", "human objective", "--id", sid, env=env)
+
+
+ASKS = [plan("t1"),
+        {"role": "executor", "attempt": 1, "emit": [
+            {"topic": "human.interact", "json": {"text": "Which database?",
+                                                 "options": ["postgres", "sqlite"]}}]},
+        *DONE]
+
+
+def test_loop_block_answered_from_the_cli(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 60}})
+    sd = workspace / ".ralph-sessions/h"
+    qid = pending_qid(sd)
+    time.sleep(0.5)
+    # while it waits, no agent runs: only the one executor attempt so far
+    assert len(prompts(sd, "executor", "t1")) == 1
+    assert metadata(sd)["pending_question"] == qid
+    view = json.loads(ralph(workspace, "session", "status", "h", "--json").stdout)
+    assert view["pending_questions"][0]["id"] == qid
+    assert "ralph session answer h" in ralph(workspace, "session", "status", "h").stdout
+    r = ralph(workspace, "session", "answer", "h", "postgres")
+    assert r.returncode == 0, r.stderr
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    q = question_files(sd)[0]
+    assert q["status"] == "answered" and q["options"] == ["postgres", "sqlite"]
+    assert q["context"] == {"session": "h", "state": "EXECUTING_BATCH", "iteration": 1,
+                            "role": "executor", "task": "t1"}
+    assert yaml.safe_load((sd / f"answers/{qid}.yaml").read_text())["text"] == "postgres"
+    second = prompts(sd, "executor", "t1")[1]
+    assert "human.response" in second and "postgres" in second
+    # the first answer wins; a second is refused and changes nothing
+    r = ralph(workspace, "session", "answer", "h", "sqlite", "--question", qid)
+    assert r.returncode == 2 and "already answered" in r.stderr
+    assert yaml.safe_load((sd / f"answers/{qid}.yaml").read_text())["text"] == "postgres"
+    topics = [e["topic"] for e in events(sd)]
+    assert topics.count("human.question") == 1 and topics.count("human.response") == 1
+
+
+def _answer(args):
+    session_dir, qid, text = args
+    from session_store import BadInput, questions
+    try:
+        questions.answer(session_dir, qid, text, now=datetime.now(timezone.utc))
+        return text
+    except BadInput:
+        return None
+
+
+def test_eight_answerers_exactly_one_wins(workspace):
+    from session_store import create, questions
+    now = datetime.now(timezone.utc)
+    session = create(str(workspace), "obj", now=now, session_id="race")
+    q = questions.ask(session.dir, questions.Question(
+        id="q1", text="?", asked_at=now, deadline=now, on_timeout="continue",
+        context=questions.QuestionContext(session="race", state="PLANNING", iteration=1)))
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        results = pool.map(_answer, [(session.dir, q.id, f"answer-{i}") for i in range(8)])
+    winners = [r for r in results if r]
+    assert len(winners) == 1
+    assert questions.read_answer(session.dir, "q1").text == winners[0]
+
+
+def test_several_pending_need_a_question_id(workspace):
+    from session_store import create, questions
+    now = datetime.now(timezone.utc)
+    session = create(str(workspace), "obj", now=now, session_id="two")
+    for qid in ("qa", "qb"):
+        questions.ask(session.dir, questions.Question(
+            id=qid, text=qid, asked_at=now, deadline=now, on_timeout="continue",
+            context=questions.QuestionContext(session="two", state="PLANNING", iteration=1)))
+    r = ralph(workspace, "session", "answer", "two", "x")
+    assert r.returncode == 2 and "qa" in r.stderr and "qb" in r.stderr
+    assert ralph(workspace, "session", "answer", "two", "x", "--question", "qb").returncode == 0
+    assert ralph(workspace, "session", "answer", "two", "x").returncode == 0  # only qa left...
+    r = ralph(workspace, "session", "answer", "two", "x", "--question", "nope")
+    assert r.returncode == 2 and "unknown question" in r.stderr
+
+
+def test_timeout_continue_tells_the_next_prompt(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 1, "on_timeout": "continue"}})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    sd = only_session(workspace)
+    assert question_files(sd)[0]["status"] == "timed_out"
+    second = prompts(sd, "executor", "t1")[1]
+    assert "human.timeout" in second and "Which database?" in second
+    assert [e["topic"] for e in events(sd)].count("human.timeout") == 1
+
+
+def test_timeout_pause_keeps_the_question_answerable(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 1, "on_timeout": "pause"}})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out + err
+    sd = only_session(workspace)
+    meta = metadata(sd)
+    assert "unanswered" in meta["orchestrator"]["pause_reason"]
+    qid = question_files(sd)[0]["id"]
+    assert question_files(sd)[0]["status"] == "pending"
+    assert ralph(workspace, "session", "answer", "h", "sqlite").returncode == 0
+    r = ralph(workspace, "session", "resume", "h")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sqlite" in prompts(sd, "executor", "t1")[1]
+    assert question_files(sd)[0]["status"] == "answered" and question_files(sd)[0]["id"] == qid
+
+
+def test_timeout_abort(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 1, "on_timeout": "abort"}})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out + err
+    sd = only_session(workspace)
+    assert metadata(sd)["status"] == "aborted"
+    assert progress_markers(sd)["1"]["t1"] == "F"
+
+
+def test_kill_during_block_resumes_into_the_same_block(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 120}})
+    sd = workspace / ".ralph-sessions/h"
+    qid = pending_qid(sd)
+    deadline = question_files(sd)[0]["deadline"]
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    resumed = spawn(workspace, "session", "resume", "h")
+    wait_for(lambda: ralph(workspace, "session", "list", "--json").stdout.count('"running": true'))
+    time.sleep(0.3)
+    assert [q["id"] for q in question_files(sd)] == [qid]          # same QID
+    assert question_files(sd)[0]["deadline"] == deadline            # same deadline
+    assert ralph(workspace, "session", "answer", "h", "postgres").returncode == 0
+    out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, out + err
+    assert "postgres" in prompts(sd, "executor", "t1")[1]
+
+
+def test_deadline_passing_while_down_is_applied_once(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 2, "on_timeout": "continue"}})
+    sd = workspace / ".ralph-sessions/h"
+    pending_qid(sd)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    time.sleep(2.5)  # the deadline passes while no engine runs
+    r = ralph(workspace, "session", "resume", "h")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [e["topic"] for e in events(sd)].count("human.timeout") == 1
+    assert prompts(sd, "executor", "t1")[1].count("human.timeout") == 1
+    # a late answer is kept and reaches a later prompt as guidance
+    qid = question_files(sd)[0]["id"]
+    assert ralph(workspace, "session", "answer", "h", "late but sure", "--question", qid).returncode == 0
+
+
+def test_sigint_during_block_leaves_the_question_pending(workspace):
+    proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 120}})
+    sd = workspace / ".ralph-sessions/h"
+    qid = pending_qid(sd)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, out + err
+    assert question_files(sd)[0]["status"] == "pending"
+    assert ralph(workspace, "session", "answer", "h", "postgres", "--question", qid).returncode == 0
+    r = ralph(workspace, "session", "resume", "h")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_late_answer_reaches_the_next_prompt_as_guidance(workspace):
+    steps = [plan("t1", "t2"),
+             {"role": "executor", "task": "t1", "attempt": 1, "emit": [
+                 {"topic": "human.interact", "payload": "Tabs or spaces?"}]},
+             {"role": "executor", "task": "t2", "sleep": 3,
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+             *DONE]
+    proc = start(workspace, steps, {"RObot": {"timeout_seconds": 1}})
+    sd = workspace / ".ralph-sessions/h"
+    wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t2.stdout")), timeout=30)
+    qid = question_files(sd)[0]["id"]
+    assert question_files(sd)[0]["status"] == "timed_out"
+    assert ralph(workspace, "session", "answer", "h", "spaces", "--question", qid).returncode == 0
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    reviewer = prompts(sd, "reviewer", "t1")[0]
+    assert "## ROBOT GUIDANCE" in reviewer and "Late answer" in reviewer and "spaces" in reviewer
+    assert "late answer to" in (sd / "scratchpad.md").read_text()
+
+
+def test_in_run_ask_answered_and_timed_out(workspace):
+    steps = [plan("t1", "t2"),
+             {"role": "executor", "task": "t1", "ask": {"question": "Name?", "timeout": 60},
+              "write": {"name.txt": "{answer}"},
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+             {"role": "executor", "task": "t2", "ask": {"question": "Color?", "timeout": 1,
+                                                       "default": "blue"},
+              "write": {"color.txt": "{answer}"},
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+             *DONE]
+    proc = start(workspace, steps)
+    sd = workspace / ".ralph-sessions/h"
+    qid = pending_qid(sd)
+    assert question_files(sd)[0]["kind"] == "in_run"
+    assert ralph(workspace, "session", "answer", "h", "Ada").returncode == 0
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert (workspace / "name.txt").read_text() == "Ada"
+    assert (workspace / "color.txt").read_text() == "blue"   # the default, after exit 3
+    statuses = {q["text"]: q["status"] for q in question_files(sd)}
+    assert statuses == {"Name?": "answered", "Color?": "timed_out"}
+    assert qid
+
+
+def test_interact_ask_cli_exit_codes(workspace):
+    ralph(workspace, "session", "start", "obj", "--id", "cli", "--max-iterations", "1",
+          env=base_env(**FAST))
+    sd = only_session(workspace)
+    env = base_env(RALPH_SESSION_ID="cli", RALPH_ROLE="executor")
+    r = ralph(workspace, "tools", "interact", "ask", "Quick?", "--timeout", "0.5",
+              "--default", "no", env=env)
+    assert r.returncode == 3 and r.stdout.strip() == "no"
+    proc = spawn(workspace, "tools", "interact", "ask", "Really?", "--timeout", "30", env=env)
+    qid = wait_for(lambda: [q["id"] for q in question_files(sd) if q["status"] == "pending"])[0]
+    assert ralph(workspace, "session", "answer", "cli", "yes", "--question", qid).returncode == 0
+    out, _err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and out.strip() == "yes"
+    r = ralph(workspace, "tools", "interact", "progress", "halfway there", env=env)
+    assert r.returncode == 0
+    assert events(sd)[-1]["topic"] == "human.progress"
+    assert events(sd)[-1]["payload"] == "halfway there"
+
+
+def test_guidance_is_squashed_numbered_and_recorded(workspace):
+    steps = [plan("t1"),
+             {"role": "executor", "attempt": 1, "sleep": 2, "emit": [
+                 {"topic": "build.done", "payload": EVIDENCE}]},
+             *DONE]
+    proc = start(workspace, steps)
+    sd = workspace / ".ralph-sessions/h"
+    wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t1.stdout")))
+    for message in ("use tabs", "target Python 3.11"):
+        assert ralph(workspace, "signal", "info", message, "--session", "h").returncode == 0
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    reviewer = prompts(sd, "reviewer", "t1")[0]
+    assert "## ROBOT GUIDANCE\n\n1. use tabs\n2. target Python 3.11\n" in reviewer
+    order = [reviewer.index(h) for h in ("## OBJECTIVE", "## ROBOT GUIDANCE", "## PENDING EVENTS")]
+    assert order == sorted(order)
+    # used in one prompt only
+    assert "use tabs" not in prompts(sd, "planner", iteration=2)[0]
+    pad = (sd / "scratchpad.md").read_text()
+    assert "use tabs" in pad and "target Python 3.11" in pad
