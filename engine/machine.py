@@ -50,6 +50,12 @@ def allowed(state: State, trigger: str) -> bool:
     return any(t.trigger == trigger and state in t.sources for t in TRANSITIONS)
 
 
+def rows_for_transitions() -> list[dict]:
+    """The table in the form `transitions` takes (no guards: the diagrams use it too)."""
+    return [{"trigger": t.trigger, "source": [s.value for s in t.sources], "dest": t.dest.value}
+            for t in TRANSITIONS]
+
+
 def build_machine(model, initial: State, *, before_state_change, after_state_change,
                   paused_from):
     """A `transitions` Machine over `model` with exactly the table's triggers.
@@ -62,9 +68,7 @@ def build_machine(model, initial: State, *, before_state_change, after_state_cha
         return lambda event: paused_from(event) is state
 
     rows = []
-    for t in TRANSITIONS:
-        row = {"trigger": t.trigger, "source": [s.value for s in t.sources],
-               "dest": t.dest.value}
+    for t, row in zip(TRANSITIONS, rows_for_transitions()):
         if t.only_if_paused_from is not None:
             row["conditions"] = [guard(t.only_if_paused_from)]
         rows.append(row)

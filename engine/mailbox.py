@@ -121,9 +121,14 @@ def recover(engine) -> Next | None:
 def watch(paths: list[str], wakeup: threading.Event):
     """Wake the engine when a file lands in one of `paths` (inotify through watchdog;
     a polling observer where no watcher works). Returns a function that stops it."""
+    import logging
+
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
     from watchdog.observers.polling import PollingObserver
+
+    # watchdog logs a harmless race at shutdown as an error; nothing of it is ours to show
+    logging.getLogger("watchdog").setLevel(logging.CRITICAL)
 
     class Wake(FileSystemEventHandler):
         def on_any_event(self, event):

@@ -2,6 +2,7 @@
 then text rendered from it."""
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime, timezone
 
@@ -94,8 +95,7 @@ def status_text(v: dict) -> str:
                   + (f" — {t['note']}" if t["note"] else "") for t in v["current_tasks"]]
     if v["last_events"]:
         lines.append("")
-        lines += [f"  #{e['seq']} {e['ts'][11:19]} {e['source']}: {e['topic']}"
-                  for e in v["last_events"]]
+        lines += ["  " + event_line(e) for e in v["last_events"]]
     return "\n".join(lines)
 
 
@@ -140,3 +140,50 @@ def _age(seconds: int) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def event_line(e: dict) -> str:
+    payload = e.get("payload")
+    if e["topic"] == "session.transition" and isinstance(payload, dict):
+        text = f"{payload.get('from')} -> {payload.get('to')} ({payload.get('trigger')}" \
+               + (f": {payload['reason']})" if payload.get("reason") else ")")
+    else:
+        text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return (f"#{e['seq']:<5} {e['ts'][11:23]} {e.get('state') or '-':<18} "
+            f"{e['source']:<9} {e['topic']}  {text}")
+
+
+def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: bool) -> int:
+    """Print the last `count` events; with `follow`, every new one as it lands (woken by
+    inotify on the session directory) until the session is completed or aborted."""
+    import sys
+    import threading
+
+    from .mailbox import watch
+    session = load(workspace, session_id)
+    records, offset = read_events(session.dir)
+
+    def show(batch):
+        for e in batch:
+            print(json.dumps(e, ensure_ascii=False) if as_json else event_line(e), flush=True)
+    show(records[-count:] if count > 0 else [])
+    if not follow:
+        return 0
+    woken = threading.Event()
+    stop = watch([session.dir], woken)
+    try:
+        while True:
+            woken.wait(1.0)
+            woken.clear()
+            batch, offset = read_events(session.dir, offset)
+            show(batch)
+            if any(e["topic"] == "session.transition" and isinstance(e["payload"], dict)
+                   and e["payload"].get("to") == "COMPLETE" for e in batch):
+                return 0
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 0
+    finally:
+        stop()
