@@ -29,7 +29,10 @@ def cmd_start(args) -> int:
     from session_store import Limits, create, dump_yaml
 
     from . import config as cfg
-    config = cfg.load(args.config)
+    from . import telegram_bot
+    config_path = args.config or ("ralph.yml" if os.path.isfile("ralph.yml") else None)
+    config = cfg.load(config_path)
+    telegram_bot.check(config)   # RObot.enabled needs a token and a chat (env counts)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -48,7 +51,7 @@ def cmd_start(args) -> int:
     from .clock import SystemClock
     session = create(workspace(args), objective.strip(), now=SystemClock().now(),
                      session_id=args.id, limits=limits,
-                     config_path=os.path.abspath(args.config) if args.config else None,
+                     config_path=os.path.abspath(config_path) if config_path else None,
                      files={cfg.SNAPSHOT: dump_yaml(cfg.to_data(cfg.without_secrets(config)))})
     print(f"session {session.id} created in {session.dir}", flush=True)
     return _run(session, config, resume=False)
@@ -68,6 +71,8 @@ def cmd_resume(args) -> int:
         # work (the transition's record, the summary) and exit as the session ended
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
+    from . import telegram_bot
+    telegram_bot.check(config)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
 
@@ -238,6 +243,47 @@ def cmd_signals_poll(args) -> int:
     return EXIT_OK
 
 
+# --- diagrams and the event tail ---
+
+def cmd_diagram(args) -> int:
+    from .diagram import render, session_path
+    current = taken = None
+    if args.session:
+        from session_store import resolve_id
+        ws = workspace(args)
+        current, taken = session_path(ws, resolve_id(ws, args.session, newest_if_none_open=True))
+    data = render(args.format, current, taken)
+    if args.output:
+        from session_store import write_atomic
+        write_atomic(args.output, data, "diagram")
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.buffer.write(data if data.endswith(b"\n") or args.format == "png"
+                                else data + b"\n")
+    return EXIT_OK
+
+
+def cmd_tail(args) -> int:
+    from .views import tail
+    ws = workspace(args)
+    from session_store import resolve_id
+    return tail(ws, resolve_id(ws, args.session_id, newest_if_none_open=True), follow=args.follow,
+                count=args.lines, as_json=args.json)
+
+
+# --- the Telegram bot ---
+
+def cmd_bot_run(args) -> int:
+    """The workspace's Telegram bot in the foreground, for every session."""
+    from . import config as cfg
+    from . import telegram_bot
+    ws = workspace(args)
+    path = args.config or (os.path.join(ws, "ralph.yml")
+                           if os.path.isfile(os.path.join(ws, "ralph.yml")) else None)
+    found = telegram_bot.settings(cfg.load(path), require_enabled=False)
+    return telegram_bot.run_foreground(ws, found)
+
+
 # --- init / validate ---
 
 def cmd_init(args) -> int:
@@ -321,9 +367,29 @@ def build_parser() -> Parser:
     p.add_argument("--question", metavar="QID", help="default: the only pending question")
     p.set_defaults(handler=cmd_answer)
 
+    p = ssub.add_parser("tail", parents=[common], help="the session's events; -f follows them")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-n", "--lines", type=int, default=20, help="how many past events (default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON record a line")
+    p.set_defaults(handler=cmd_tail)
+
     p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_list)
+
+    p = sub.add_parser("diagram", parents=[common], help="draw the machine (and a session's path)")
+    p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
+    p.add_argument("--session", help="highlight where this session stands and the path it took")
+    p.add_argument("-o", "--output", metavar="FILE")
+    p.set_defaults(handler=cmd_diagram)
+
+    bot = sub.add_parser("bot", help="the workspace's Telegram bot")
+    bsub = bot.add_subparsers(dest="bot_command", required=True, parser_class=Parser)
+    p = bsub.add_parser("run", parents=[common],
+                        help="run the Telegram bot in the foreground for every session")
+    p.add_argument("-c", "--config", help="ralph.yml (default: the workspace's, if present)")
+    p.set_defaults(handler=cmd_bot_run)
 
     p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],

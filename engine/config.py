@@ -107,11 +107,23 @@ class Knowledge:
 
 @attrs.define
 class Fallback:
+    enabled: bool = True
     confidence_threshold: float = 0.7
     error_count_threshold: int = 3
     no_progress_minutes: float = 30.0
     complexity_threshold: float = 8.0
     risk_threshold: float = 0.8
+    ambiguity_threshold: float = 0.7
+    max_approaches: int = 3
+    autonomous_continue: float = 0.8
+    guided_collaboration: float = 0.5
+    full_human_control: float = 0.3
+
+
+@attrs.define
+class Blockers:
+    trace_path: str | None = None   # a context-graph JSONL file every blocker is appended to
+    repeat_limit: int = 3           # the same cause this often pauses the session
 
 
 @attrs.define
@@ -122,6 +134,7 @@ class Config:
     RObot: RObot = attrs.Factory(RObot)
     knowledge: Knowledge = attrs.Factory(Knowledge)
     fallback: Fallback = attrs.Factory(Fallback)
+    blockers: Blockers = attrs.Factory(Blockers)
 
     def agent_for(self, role: str) -> AgentConfig:
         override = getattr(self.roles, role).agent
@@ -155,7 +168,9 @@ def _range_errors(config: Config) -> list[str]:
         positive(f"{where}.timeout_seconds", agent.timeout_seconds)
         if agent.backend is Backend.COMMAND and not agent.command:
             errors.append(f"$.{where}.command: expected a non-empty argv list for backend: command")
-    for name in ("confidence_threshold", "risk_threshold"):
+    positive("blockers.repeat_limit", config.blockers.repeat_limit)
+    for name in ("confidence_threshold", "risk_threshold", "ambiguity_threshold",
+                 "autonomous_continue", "guided_collaboration", "full_human_control"):
         value = getattr(config.fallback, name)
         if not 0 <= value <= 1:
             errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {value}")

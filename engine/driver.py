@@ -13,9 +13,10 @@ from session_store import (IterationMetadata, PauseKind, PlannedTask, Session, S
                            progress, read_events, signals)
 from states import State, work_for
 
-from . import gates, hooks, humans, mailbox, prompt
+from . import blockers, fallback, gates, hooks, humans, mailbox, prompt, telegram_bot
 from .agents import Invocation, Outcome, make_agent
 from .clock import SystemClock
+from .console import Console
 from .config import Config
 from .driver_types import Next, Preempted
 from .machine import build_machine
@@ -44,7 +45,8 @@ class Engine:
         self.config = config
         self.clock = clock or SystemClock()
         self.agent_for = agent_for or (lambda role: make_agent(config.agent_for(role)))
-        self.out = out or sys.stdout
+        self.console = Console(out or sys.stdout, self.clock, status=self.status_line)
+        self._activity = ""
         self._last_mono = self.clock.monotonic()
         self._bus_offset = 0
         self._iteration: tuple[int, IterationMetadata, list] | None = None
@@ -53,6 +55,8 @@ class Engine:
         self._last_run_ended: float | None = None
         self.skip_cooldown = False   # set when a human answered: the next run starts at once
         self._gate_notes: dict[str, list[dict]] = {}   # role -> what the gates did to its run
+        self.current_task: PlannedTask | None = None     # the task an agent works on now
+        self.latest_outcome: str | None = None           # the last build/verify evidence seen
         build_machine(self, session.metadata.orchestrator.state,
                       before_state_change=hooks.BEFORE_STATE_CHANGE,
                       after_state_change=hooks.AFTER_STATE_CHANGE,
@@ -69,8 +73,11 @@ class Engine:
         return State(self.state)  # `state` is set by the transitions Machine
 
     def run(self, resume: bool = False) -> int:
+        self.console.start()
         stop_watching = mailbox.watch([os.path.join(self.session.dir, "signals", "inputs"),
-                                       os.path.join(self.session.dir, "answers")], self.wakeup)
+                                       os.path.join(self.session.dir, "answers"),
+                                       os.path.join(self.session.dir, "questions")], self.wakeup)
+        stop_bot = telegram_bot.start_for_engine(self)   # a no-op unless Telegram is on
         try:
             self.reconcile()
             humans.recover(self)
@@ -91,7 +98,9 @@ class Engine:
                 self._fire_preemptible(nxt)
             work_for(self.current)(self)  # PAUSED / COMPLETE: their closing work
         finally:
+            stop_bot()
             stop_watching()
+            self.console.stop()
         return self.exit_code()
 
     def _fire_preemptible(self, nxt: Next) -> None:
@@ -223,6 +232,8 @@ class Engine:
             if t.id == task_id:
                 t.marker, t.note = marker, note
         it.save_progress(self.tasks())
+        if marker == progress.DONE:
+            fallback.task_completed(self)
         self.save()
 
     def finish_iteration(self) -> None:
@@ -241,6 +252,7 @@ class Engine:
             raise Preempted(Next("pause", limit, PauseKind.LIMIT))
         self.hold_for_human()  # no agent runs while the loop waits for a human
         self._cool_down()
+        self.current_task = task
         it, _ = self.iteration()
         self._read_new_events()
         self.metadata.usage.agent_invocations += 1
@@ -249,7 +261,8 @@ class Engine:
         name = f"{role}-{task.id}" if task else role
         attempt = 1 + sum(1 for f in os.listdir(it.path("logs"))
                           if f.endswith(f"-{name}.stdout"))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_TEST_")}
+        env = {k: v for k, v in os.environ.items()   # agents never see the bot token
+               if not k.startswith("RALPH_TEST_") and k != telegram_bot.TOKEN_ENV}
         env.update({
             "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
             "RALPH_SESSION_DIR": self.session.dir, "RALPH_ROLE": role,
@@ -272,8 +285,8 @@ class Engine:
                          log_base=it.path("logs", f"{seq:04d}-{name}"),
                          timeout=self.config.agent_for(role).timeout_seconds)
         it.write(os.path.relpath(inv.log_base + ".prompt.md", it.dir), text, "prompt")
-        self.say(f"{self.current} iteration {it.number}: {role}"
-                 f"{' ' + task.id if task else ''} (attempt {attempt})")
+        self._activity = f"{role}{' ' + task.id if task else ''} (attempt {attempt})"
+        self.say(f"{self.current} iteration {it.number}: {self._activity}")
         self._stopping = None
         outcome = self.agent_for(role).run(inv, self.wakeup, self._stop_requested)
         self._last_run_ended = self.clock.monotonic()
@@ -286,10 +299,17 @@ class Engine:
             # a LOOP_COMPLETE line on stdout counts as the event, emitted last
             emitted.append(self.session.append_event(gates.COMPLETION, "stdout", source=role))
         self._account_cost(emitted, outcome.stdout)
+        judged = self._gate(emitted, role, task)
+        fallback.observe_run(self, emitted, judged, outcome)
+        self.latest_outcome = next((f"{e['topic']}: {e['payload']}" for e in reversed(judged)
+                                    if e["topic"].startswith(("build.", "verify."))),
+                                   self.latest_outcome)
+        self.save()
+        blockers.record(self, emitted)
         interact = next((e for e in reversed(emitted) if e["topic"] == "human.interact"), None)
         if interact is not None:
-            humans.ask(self, interact, role, task)
-        return RoleRun(role, outcome, self._gate(emitted, role, task))
+            humans.ask_from_event(self, interact, role, task)
+        return RoleRun(role, outcome, judged)
 
     def publish(self, topic: str, payload, source: str = "engine") -> dict:
         """An event the engine injects: through the same gate as an agent's."""
@@ -391,6 +411,10 @@ class Engine:
         """Hold while the loop's human question is pending (DESIGN §7)."""
         humans.hold(self)
 
+    def assess_confidence(self) -> None:
+        """Seed 004's assessor; when a trigger fires it asks the human for help."""
+        fallback.check(self)
+
     def abort_cleanup(self) -> None:
         """Seed 001 §3.4: [/] tasks become [F], the iteration gets completed_at; nothing is
         reverted."""
@@ -412,5 +436,11 @@ class Engine:
     # --- output ---
 
     def say(self, text: str) -> None:
-        stamp = self.clock.now().astimezone().strftime("%H:%M:%S")
-        print(f"[{stamp}] {text}", file=self.out, flush=True)
+        self.console.say(text)
+
+    def status_line(self) -> str:
+        m = self.metadata
+        tasks = self._iteration[2] if self._iteration else []
+        finished = sum(t.marker in progress.FINISHED for t in tasks)
+        return (f"{self.current} · iteration {m.iteration} · task {finished} of {len(tasks)} done"
+                f"{' · ' + self._activity if self._activity else ''}")

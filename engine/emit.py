@@ -42,10 +42,17 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
         raise EmitError("give the payload as PAYLOAD or as --json, not both")
     if json_text is not None:
         try:
-            return topic, json.loads(json_text)
+            payload = json.loads(json_text)
         except ValueError as e:
             raise EmitError(f"--json: not valid JSON ({e})") from None
-    return topic, args[1] if len(args) == 2 else None
+    else:
+        payload = args[1] if len(args) == 2 else None
+    if topic in ("blocker", "confidence"):  # topics the engine reads field by field
+        from .event_schemas import VALIDATORS
+        problem = VALIDATORS[topic](payload)
+        if problem:
+            raise EmitError(f"{topic} --json: {problem}")
+    return topic, payload
 
 
 def session_dir() -> str:

@@ -20,6 +20,12 @@ def poll_signals(event) -> None:
         event.model.poll_signals(requested=event.event.name)
 
 
+def assess_confidence(event) -> None:
+    """Weigh the confidence factors; a fallback trigger asks the human (held next)."""
+    if event.event.name not in STOPS + ("resume",):
+        event.model.assess_confidence()
+
+
 def hold_for_human(event) -> None:
     """Wait while a blocking human question is pending (answered or timed out first)."""
     if event.event.name not in STOPS:
@@ -31,6 +37,8 @@ def hold_for_human(event) -> None:
 def _start_next_iteration(engine, event) -> None:
     engine.metadata.iteration += 1
     engine.metadata.batch = 1
+    engine.metadata.fallback.gates_passed = engine.metadata.fallback.gates_failed = 0
+    engine.metadata.fallback.blockers_in_iteration = 0
 
 
 def _next_batch(engine, event) -> None:
@@ -98,5 +106,5 @@ def record_transition(event) -> None:
     event.model.record_transition(event.model.metadata.orchestrator.last_transition)
 
 
-BEFORE_STATE_CHANGE = (poll_signals, hold_for_human)
+BEFORE_STATE_CHANGE = (poll_signals, assess_confidence, hold_for_human)
 AFTER_STATE_CHANGE = (apply_effects, persist_metadata, record_transition)

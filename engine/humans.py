@@ -15,30 +15,42 @@ from session_store import PauseKind, questions, signals
 from .driver_types import Next, Preempted
 
 
-def ask(engine, event: dict, role: str, task) -> questions.Question:
+def ask(engine, text: str, *, options=(), default: str | None = None, kind: str = "loop",
+        role: str | None = None, task_id: str | None = None, fallback_type: str | None = None,
+        on_timeout: str | None = None) -> questions.Question:
+    """Ask the humans on behalf of the loop: the question file is the commit point, then
+    the session records it as pending; the hold that follows waits for it."""
+    now = engine.clock.now()
+    robot = engine.config.RObot
+    question = questions.ask(engine.session.dir, questions.Question(
+        id=questions.new_question_id(now), text=text, asked_at=now,
+        deadline=now + timedelta(seconds=robot.timeout_seconds),
+        on_timeout=on_timeout or robot.on_timeout.value, options=list(options),
+        default=default, kind=kind, fallback_type=fallback_type,
+        context=questions.QuestionContext(session=engine.session.id, state=engine.current.value,
+                                          iteration=engine.metadata.iteration, role=role,
+                                          task=task_id)))
+    engine.metadata.pending_question = question.id
+    engine.save()
+    engine.session.append_event("human.question", {"id": question.id, "text": question.text,
+                                                   "kind": kind,
+                                                   "deadline": question.deadline.isoformat()})
+    engine.say(f"question {question.id} for a human: {question.text.splitlines()[0]}  "
+               f"(answer: ralph session answer {engine.session.id} \"...\")")
+    return question
+
+
+def ask_from_event(engine, event: dict, role: str, task) -> questions.Question:
+    """An agent's `human.interact`: its payload is the text, or {text, options, default}."""
     payload = event.get("payload")
     text, options, default = payload, [], None
     if isinstance(payload, dict):
         text = payload.get("text") or payload.get("question") or str(payload)
         options = [str(o) for o in payload.get("options") or []]
         default = payload.get("default")
-    now = engine.clock.now()
-    robot = engine.config.RObot
-    question = questions.ask(engine.session.dir, questions.Question(
-        id=questions.new_question_id(now), text=str(text or "(no question text)"),
-        asked_at=now, deadline=now + timedelta(seconds=robot.timeout_seconds),
-        on_timeout=robot.on_timeout.value, options=options,
-        default=None if default is None else str(default),
-        context=questions.QuestionContext(session=engine.session.id, state=engine.current.value,
-                                iteration=engine.metadata.iteration, role=role,
-                                task=task.id if task else None)))
-    engine.metadata.pending_question = question.id
-    engine.save()
-    engine.session.append_event("human.question", {"id": question.id, "text": question.text,
-                                                   "deadline": question.deadline.isoformat()})
-    engine.say(f"question {question.id} for a human: {question.text}  "
-               f"(answer: ralph session answer {engine.session.id} \"...\")")
-    return question
+    return ask(engine, str(text or "(no question text)"), options=options,
+               default=None if default is None else str(default), role=role,
+               task_id=task.id if task else None)
 
 
 def hold(engine) -> None:
@@ -61,6 +73,8 @@ def hold(engine) -> None:
             return
         engine.checkpoint()  # PAUSE / ABORT still work while we wait
         engine.wait(question.deadline)
+        # read again: a channel that cannot deliver it moves its deadline to now
+        question = questions.load_question(d, qid)
 
 
 def _apply_answer(engine, question: questions.Question, answer) -> None:
@@ -76,6 +90,9 @@ def _apply_answer(engine, question: questions.Question, answer) -> None:
     engine.metadata.pending_question = None
     engine.skip_cooldown = True   # a human answered: the next run starts at once
     engine.save()
+    if question.kind in ("fallback", "checkin"):
+        from . import fallback
+        fallback.after_answer(engine, question, answer.text if answer else None)
 
 
 def _apply_timeout(engine, question: questions.Question) -> None:
@@ -86,13 +103,15 @@ def _apply_timeout(engine, question: questions.Question) -> None:
     if policy == "pause" and not question.timeout_paused:
         question.timeout_paused = True  # once: a resume without an answer goes on without it
         questions.save_question(d, question)
-        engine.session.append_event("human.timeout", {"id": question.id, "policy": policy})
+        engine.session.append_event("human.timeout", {"id": question.id, "policy": policy,
+                                                      **_undelivered(question)})
         raise Preempted(Next("pause", f"question {question.id} unanswered by its deadline: "
                                       f"{question.text}", PauseKind.QUESTION))
     if question.status is not questions.QuestionStatus.TIMED_OUT:
         questions.resolve(d, question, questions.QuestionStatus.TIMED_OUT, now)
         if policy != "pause":
-            engine.session.append_event("human.timeout", {"id": question.id, "policy": policy})
+            engine.session.append_event("human.timeout", {"id": question.id, "policy": policy,
+                                                          **_undelivered(question)})
     _queue_event(engine, question.id, "human.timeout",
                  {"id": question.id, "question": question.text,
                   "policy": policy, "default": question.default})
@@ -100,6 +119,10 @@ def _apply_timeout(engine, question: questions.Question) -> None:
     engine.save()
     if policy == "abort":
         raise Preempted(Next("abort", f"question {question.id} unanswered by its deadline"))
+
+
+def _undelivered(question: questions.Question) -> dict:
+    return {"delivery_failed": True} if question.delivery_failed else {}
 
 
 def deliver_late_answers(engine) -> None:

@@ -43,7 +43,8 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                                             "deadline": question.deadline.isoformat()},
                          source=os.environ.get("RALPH_ROLE") or "cli")
     woken = threading.Event()
-    stop_watching = watch([os.path.join(session.dir, "answers")], woken)
+    stop_watching = watch([os.path.join(session.dir, "answers"),
+                           os.path.join(session.dir, "questions")], woken)
     previous = signal.signal(signal.SIGTERM, _cancel_on_term)
     try:
         while True:
@@ -62,6 +63,8 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                 return default, False
             woken.wait(left)
             woken.clear()
+            # read again: a channel that cannot deliver it moves its deadline to now
+            question = questions.load_question(session.dir, question.id)
     except KeyboardInterrupt:
         questions.resolve(session.dir, question, questions.QuestionStatus.CANCELLED, clock.now())
         raise

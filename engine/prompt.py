@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from .blockers import LAST_RESORT
+
 DEFAULT_INSTRUCTIONS = {
     "planner": (
         "You are the Planner. Read the objective, the scratchpad and what earlier iterations "
@@ -73,4 +75,5 @@ def build(objective: str, role: str, instructions: str | None, guidance: list[st
     parts.append(f"## PENDING EVENTS\n\n{events}\n")
     parts.append(f"## ROLE: {role.upper()}\n\n{(instructions or DEFAULT_INSTRUCTIONS[role]).strip()}\n")
     parts.append(SKILLS)
+    parts.append(LAST_RESORT)
     return "\n".join(parts)

@@ -10,7 +10,7 @@ __all__ = [
     "create", "load", "list_ids", "resolve_id", "check_id", "move_file", "sessions_root",
     "append_event", "read_events", "now_iso",
     "acquire_lock", "release_lock", "running_pid",
-    "SessionMetadata", "IterationMetadata", "PlannedTask", "LastTransitionRecord", "Rejection", "Limits", "Status", "PauseKind",
+    "SessionMetadata", "IterationMetadata", "PlannedTask", "LastTransitionRecord", "Rejection", "Assessment", "Limits", "Status", "PauseKind",
     "progress", "signals", "questions", "write_atomic", "make_dirs", "structure", "parse_yaml", "dump_yaml",
     "unstructure",
 ]
@@ -22,7 +22,7 @@ _WHERE = {
     "move_file": "_session", "sessions_root": "_session",
     "append_event": "_events", "read_events": "_events", "now_iso": "_events",
     "SessionMetadata": "_metadata", "IterationMetadata": "_metadata",
-    "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata", "Limits": "_metadata", "Status": "_metadata",
+    "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata", "Assessment": "_metadata", "Limits": "_metadata", "Status": "_metadata",
     "PauseKind": "_metadata",
     "write_atomic": "_atomic", "make_dirs": "_atomic",
     "structure": "_schema", "parse_yaml": "_schema", "dump_yaml": "_schema",

@@ -26,6 +26,7 @@ class PauseKind(enum.Enum):
     LIMIT = "limit"        # max iterations / runtime / cost: exit 5
     QUESTION = "question"  # unanswered question with on_timeout: pause: exit 3
     FAILURE = "failure"    # the work cannot go on without a human: exit 3
+    BLOCKER = "blocker"    # the same blocker three times: exit 3
 
 
 @attrs.define
@@ -72,6 +73,33 @@ class Usage:
 
 
 @attrs.define
+class Assessment:
+    """The fallback assessor's last verdict (seed 004)."""
+    confidence: float
+    factors: dict[str, float]
+    triggers: list[str]
+    fallback_type: str | None
+    mode: str
+    at: datetime
+
+
+@attrs.define
+class Observations:
+    """What the assessor reads: agents' reports and what the engine saw itself. Fixed
+    size: counters and the latest reports, never a history."""
+    reported: dict[str, float] = attrs.Factory(dict)  # factor scores, complexity, risk, ambiguity
+    approaches: list[str] = attrs.Factory(list)
+    missing: list[str] = attrs.Factory(list)
+    gates_passed: int = 0
+    gates_failed: int = 0
+    errors: int = 0                    # since a task last reached [x]
+    progress_runtime: float = 0.0      # usage.runtime_seconds when a task last reached [x]
+    blockers_in_iteration: int = 0
+    mode: str = "autonomous"           # autonomous | collaborative (asks before each task)
+    last: Assessment | None = None
+
+
+@attrs.define
 class SessionMetadata:
     session_id: str
     objective: str
@@ -87,6 +115,7 @@ class SessionMetadata:
     limits: Limits = attrs.Factory(Limits)
     usage: Usage = attrs.Factory(Usage)
     pending_question: str | None = None
+    fallback: Observations = attrs.Factory(Observations)
     config_path: str | None = None
     completed_at: datetime | None = None
 

@@ -43,13 +43,16 @@ class Question:
     deadline: datetime
     on_timeout: str                      # continue | pause | abort
     context: QuestionContext
-    kind: str = "loop"                   # loop (human.interact) | in_run (tools interact ask)
+    kind: str = "loop"   # loop (human.interact) | in_run (tools interact ask) | fallback | checkin
+    fallback_type: str | None = None     # for kind fallback: clarification, guidance, ...
     status: QuestionStatus = QuestionStatus.PENDING
     options: list[str] = attrs.Factory(list)
     default: str | None = None
     resolved_at: datetime | None = None
     late_answer_delivered: bool = False
     timeout_paused: bool = False         # on_timeout: pause has paused the session once
+    delivery_failed: bool = False        # a channel could not deliver it: its deadline is moved
+                                         # to that moment, so it times out under on_timeout
 
 
 @attrs.define
@@ -134,6 +137,20 @@ def read_answer(session_dir: str, qid: str) -> Answer | None:
         raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
     with os.fdopen(fd, "rb") as f:
         return structure(parse_yaml(f.read(), path), Answer, path)
+
+
+def mark_delivery_failed(session_dir: str, qid: str, now: datetime) -> bool:
+    """A channel gave up delivering a pending question: its deadline becomes `now`, so
+    whoever waits on it applies its timeout at once. False when it waits no more
+    (answered, resolved) or was marked already."""
+    question = load_question(session_dir, qid)
+    if question.status is not QuestionStatus.PENDING or question.delivery_failed \
+            or os.path.exists(_apath(session_dir, qid)):
+        return False
+    question.delivery_failed = True
+    question.deadline = min(question.deadline, now)
+    save_question(session_dir, question)
+    return True
 
 
 def resolve(session_dir: str, question: Question, status: QuestionStatus, now: datetime) -> None:

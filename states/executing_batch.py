@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from engine import fallback
 from engine.attempts import Streaks, run_until_outcome
 from engine.driver_types import Next
 from session_store import PauseKind, progress
@@ -23,6 +24,8 @@ def run(engine) -> Next:
     for task in meta.tasks_of_batch(batch):
         if engine.marker(task.id) in progress.FINISHED:
             continue
+        fallback.check_in(engine, task)  # collaborative mode asks before each task
+        engine.hold_for_human()
         engine.set_marker(task.id, progress.IN_PROGRESS)
         verdict = run_until_outcome(
             engine, "executor", task,

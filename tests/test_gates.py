@@ -40,8 +40,11 @@ DONE = [{"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
 
 
 def run_scenario(workspace, steps, *args, config=None) -> tuple:
+    """A session on a demo scenario; the fallback assessor is off unless `config` turns it
+    on (these scenarios fail on purpose, and no human is there to ask)."""
     scenario = write_scenario(workspace, steps)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}, **(config or {})})
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "fallback": {"enabled": False}, **(config or {})})
     r = ralph(workspace, "session", "start", "gate objective", "--id", "g", *args)
     return r, only_session(workspace)
 

@@ -146,7 +146,8 @@ def test_failures_end_tasks_failed_and_the_timeout_kills_the_group(workspace):
         {"role": "executor", "task": "hangs", "sleep": 60},
     ])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario),
-                                       "timeout_seconds": 2}})
+                                       "timeout_seconds": 2},
+                             "fallback": {"enabled": False}})  # no human to ask here
     started = time.monotonic()
     r = ralph(workspace, "session", "start", "obj", "--id", "f1")
     assert time.monotonic() - started < 30
