@@ -204,9 +204,11 @@ def cmd_signal(args) -> int:
     from session_store import signals
 
     from .clock import SystemClock
+    if args.priority and args.type != "steer":
+        raise _bad("--priority is for steer signals only")
     session = _open_session(args)
     name = signals.drop(session.dir, args.type.upper(), args.message, now=SystemClock().now(),
-                        target=args.target, iteration=args.iteration)
+                        target=args.target, iteration=args.iteration, priority=args.priority)
     print(name)
     return EXIT_OK
 
@@ -399,6 +401,8 @@ def build_parser() -> Parser:
     p.add_argument("--target", default="ALL",
                    help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")
     p.add_argument("--iteration", type=int, help="for approve/skip: the iteration it is meant for")
+    p.add_argument("--priority", action="store_true",
+                   help="steer only: interrupt the running agent and re-run its task now")
     p.set_defaults(handler=cmd_signal)
 
     tools = sub.add_parser("tools", help="for agents: tools to use during a run")

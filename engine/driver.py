@@ -290,6 +290,10 @@ class Engine:
         self._stopping = None
         outcome = self.agent_for(role).run(inv, self.wakeup, self._stop_requested)
         self._last_run_ended = self.clock.monotonic()
+        if outcome.stopped and self._stopping.trigger == mailbox.RERUN:
+            self.say(f"priority STEER: {role}{' ' + task.id if task else ''} runs again now")
+            self.skip_cooldown = True
+            return self.run_role(role, task, pending)
         if outcome.stopped:
             raise Preempted(self._stopping)
         signals.delivered(self.session.dir, [g["id"] for g in guidance])

@@ -62,10 +62,10 @@ def assess(obs, tasks, runtime_seconds: float, cfg, now) -> Assessment:
         triggers.append((TYPE_OF_FACTOR[lowest], f"low confidence: {score:.2f} "
                                                  f"(lowest: {lowest} {factors[lowest]:.2f})"))
     if obs.errors >= cfg.error_count_threshold:
-        triggers.append(("error_recovery", f"{obs.errors} errors since a task last completed"))
+        triggers.append(("error_recovery", f"{obs.errors} errors in this iteration"))
     idle = runtime_seconds - obs.progress_runtime
     if idle > cfg.no_progress_minutes * 60:
-        triggers.append(("guidance", f"no task completed for {idle / 60:.0f} minutes"))
+        triggers.append(("guidance", f"no task completed for {idle / 60:.1f} minutes"))
     r = obs.reported
     if r.get("complexity", 0) > cfg.complexity_threshold:
         triggers.append(("escalation", f"complexity {r['complexity']:g} above "
@@ -113,9 +113,7 @@ def observe_run(engine, emitted: list[dict], judged: list[dict], outcome) -> Non
 
 
 def task_completed(engine) -> None:
-    obs = engine.metadata.fallback
-    obs.errors = 0
-    obs.progress_runtime = engine.metadata.usage.runtime_seconds
+    engine.metadata.fallback.progress_runtime = engine.metadata.usage.runtime_seconds
 
 
 def assess_now(engine) -> Assessment:

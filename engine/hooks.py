@@ -37,8 +37,9 @@ def hold_for_human(event) -> None:
 def _start_next_iteration(engine, event) -> None:
     engine.metadata.iteration += 1
     engine.metadata.batch = 1
-    engine.metadata.fallback.gates_passed = engine.metadata.fallback.gates_failed = 0
-    engine.metadata.fallback.blockers_in_iteration = 0
+    observed = engine.metadata.fallback  # the assessor's counters are per iteration
+    observed.gates_passed = observed.gates_failed = observed.blockers_in_iteration = 0
+    observed.errors = 0
 
 
 def _next_batch(engine, event) -> None:

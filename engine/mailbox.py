@@ -2,7 +2,8 @@
 
 `poll(engine, mode)` consumes what the engine owns right now, oldest first:
   - transition / checkpoint: everything but APPROVE/SKIP outside KNOWLEDGE_APPROVAL;
-  - agent (an agent is running): only PAUSE and ABORT, which stop it;
+  - agent (an agent is running): only PAUSE and ABORT, which stop it, and a priority
+    STEER, which stops it to run it again at once with the message;
   - resume: like transition, but a PAUSE that waited while paused is void;
   - knowledge (waiting in KNOWLEDGE_APPROVAL): APPROVE and SKIP too.
 PAUSE and ABORT preempt the current work (raise Preempted, or return the Next in agent
@@ -19,6 +20,7 @@ from states import State
 from .driver_types import Next, Preempted
 
 HANDLED_BY = "Ralph-Orchestrator"
+RERUN = "rerun"   # not a machine trigger: the agent run under way starts over
 
 
 def poll(engine, mode: str) -> Next | None:
@@ -36,7 +38,7 @@ def poll(engine, mode: str) -> Next | None:
                 signals.reject(d, name, f"stale: for iteration {signal.iteration}, the session "
                                f"is in iteration {engine.metadata.iteration}", raw, now=now())
                 continue
-        elif signal.type in ("STEER", "INFO") and mode == "agent":
+        elif signal.type in ("STEER", "INFO") and mode == "agent" and not signal.priority:
             continue  # the agent may take these itself; the engine does at the next boundary
         if not signals.take(d, name):
             continue  # another consumer won the rename
@@ -61,6 +63,13 @@ def handle(engine, signal, mode: str) -> Next | None:
             trigger = "pause" if signal.type == "PAUSE" else "abort"
             return Next(trigger, signal.message or f"{signal.type} signal",
                         PauseKind.SIGNAL if trigger == "pause" else None, signal)
+    elif signal.type == "STEER" and signal.priority and mode == "agent":
+        # seed 004's priority message: stop the agent (it saves its partial work on
+        # SIGTERM) and run the task again at once, with the message in its prompt
+        queue_guidance(engine, signal)
+        signals.mark_handled(d, signal, handled_by=HANDLED_BY, now=now,
+                             action="interrupted the running agent to re-run it with the message")
+        return Next(RERUN, signal.message)
     elif signal.type in ("STEER", "INFO"):
         action = queue_guidance(engine, signal)
     else:

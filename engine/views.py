@@ -46,6 +46,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
                            "marker": t.marker, "note": t.note} for t in it.progress()],
         "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
         "waiting_signals": sorted(os.listdir(inputs)) if os.path.isdir(inputs) else [],
+        "assessment": _assessment_view(m.fallback),
         "usage": {"cost_usd": m.usage.cost_usd, "runtime_seconds": m.usage.runtime_seconds,
                   "agent_invocations": m.usage.agent_invocations},
         "limits": {"max_iterations": m.limits.max_iterations,
@@ -56,6 +57,14 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
         "last_events": events[-last_events:],
     }
+
+
+def _assessment_view(obs) -> dict | None:
+    a = obs.last
+    if a is None:
+        return None
+    return {"confidence": a.confidence, "factors": a.factors, "triggers": a.triggers,
+            "fallback_type": a.fallback_type, "mode": obs.mode, "at": a.at.isoformat()}
 
 
 def _question_view(q, session_id: str) -> dict:
@@ -84,6 +93,11 @@ def status_text(v: dict) -> str:
         lines.append(f"  answer: {q['answer_command']}")
     if v["waiting_signals"]:
         lines.append(f"signals waiting: {len(v['waiting_signals'])}")
+    a = v["assessment"]
+    if a:
+        factors = ", ".join(f"{k} {x:.2f}" for k, x in a["factors"].items())
+        lines.append(f"confidence {a['confidence']:.2f} ({factors}); mode {a['mode']}"
+                     + (f"; triggers: {'; '.join(a['triggers'])}" if a["triggers"] else ""))
     u, lim = v["usage"], v["limits"]
     lines.append(f"usage: {u['agent_invocations']} agent runs, {u['runtime_seconds']:.0f}s of "
                  f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"

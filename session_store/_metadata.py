@@ -92,7 +92,7 @@ class Observations:
     missing: list[str] = attrs.Factory(list)
     gates_passed: int = 0
     gates_failed: int = 0
-    errors: int = 0                    # since a task last reached [x]
+    errors: int = 0                    # failed or empty agent runs in this iteration
     progress_runtime: float = 0.0      # usage.runtime_seconds when a task last reached [x]
     blockers_in_iteration: int = 0
     mode: str = "autonomous"           # autonomous | collaborative (asks before each task)

@@ -23,7 +23,7 @@ from ._schema import dump_yaml, parse_yaml
 
 TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")
 TARGETS = ("ALL", "Orchestrator", "Planner", "Executor", "Reviewer", "Librarian", "Questioner")
-FIELDS = {"type", "target", "message", "iteration"}
+FIELDS = {"type", "target", "message", "iteration", "priority"}
 MAX_SIGNAL_BYTES = 1 << 20
 TAKEN = ".taken"
 
@@ -35,6 +35,7 @@ class Signal:
     target: str
     message: str
     iteration: int | None = None
+    priority: bool = False   # a STEER that interrupts the running agent (seed 004)
 
     @property
     def role(self) -> str | None:
@@ -45,6 +46,8 @@ class Signal:
         data = {"type": self.type, "target": self.target, "message": self.message}
         if self.iteration is not None:
             data["iteration"] = self.iteration
+        if self.priority:
+            data["priority"] = True
         return data
 
 
@@ -97,14 +100,20 @@ def validate(data, name: str = "signal") -> Signal:
     iteration = data.get("iteration")
     if iteration is not None and (type(iteration) is not int or iteration < 1):
         raise BadInput(f"$.iteration: expected a positive integer, got {_shown(iteration)}")
-    return Signal(name, kind.upper(), canonical, message, iteration)
+    priority = data.get("priority", False)
+    if type(priority) is not bool:
+        raise BadInput(f"$.priority: expected true or false, got {_shown(priority)}")
+    if priority and kind.upper() != "STEER":
+        raise BadInput("$.priority: only a STEER can be a priority signal")
+    return Signal(name, kind.upper(), canonical, message, iteration, priority)
 
 
 def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: str = "ALL",
-         iteration: int | None = None) -> str:
+         iteration: int | None = None, priority: bool = False) -> str:
     """Write a signal into inputs/ (whole, under a name no other writer can take)."""
     signal = validate({"type": kind, "target": target, "message": message,
-                       **({"iteration": iteration} if iteration is not None else {})})
+                       **({"iteration": iteration} if iteration is not None else {}),
+                       **({"priority": True} if priority else {})})
     inputs, _, _ = _dirs(session_dir)
     stamp = f"{now.strftime('%y%m%d-%H%M%S')}-{now.microsecond // 1000:03d}"
     text = dump_yaml(signal.fields())
