@@ -1,3 +1,3 @@
-from engine.cli import entry
+from engine.entry import main
 
-entry()
+main()

@@ -2,20 +2,12 @@
 never pays for yaml, cattrs or transitions."""
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import sys
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_ABORTED, EXIT_LIMIT = 0, 1, 2, 3, 4, 5
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only open session)"
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT)
 
 
 def workspace(args) -> str:
@@ -318,7 +310,14 @@ def _bad(message: str):
 
 # --- the parser ---
 
-def build_parser() -> Parser:
+def build_parser():
+    import argparse  # not on `ralph emit`'s path
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2, no usage dump
+            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT)
+
     common = Parser(add_help=False)
     common.add_argument("--workspace", default=argparse.SUPPRESS,
                         help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
@@ -447,9 +446,10 @@ def _terminate(_signum, _frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["emit"]:  # the hot path: no argparse tree, no heavy imports
+    if argv[:1] == ["emit"]:  # agents' hot path (engine/entry.py takes it before this module)
         from .emit import main as emit_main
         return emit_main(argv[1:])
+    import signal
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -468,7 +468,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ralph: internal error: {type(e).__name__}: {e} (RALPH_DEBUG=1 shows where)",
               file=sys.stderr)
         return EXIT_INTERNAL
-
-
-def entry() -> None:
-    sys.exit(main())

@@ -74,9 +74,9 @@ class Engine:
 
     def run(self, resume: bool = False) -> int:
         self.console.start()
-        stop_watching = mailbox.watch([os.path.join(self.session.dir, "signals", "inputs"),
-                                       os.path.join(self.session.dir, "answers"),
-                                       os.path.join(self.session.dir, "questions")], self.wakeup)
+        stop_watching = mailbox.watch([os.path.join(self.session.dir, "answers"),
+                                       os.path.join(self.session.dir, "questions")], self.wakeup,
+                                      trees=[os.path.join(self.session.dir, "signals")])
         stop_bot = telegram_bot.start_for_engine(self)   # a no-op unless Telegram is on
         try:
             self.reconcile()

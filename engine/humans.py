@@ -139,8 +139,8 @@ def deliver_late_answers(engine) -> None:
                                    "message": f"Late answer to \"{question.text}\": {answer.text}",
                                    "at": engine.clock.now().isoformat()})
         engine.session.append_scratchpad(
-            f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
-            f"{question.id}: {answer.text}", unless_contains=f"late answer to {question.id}")
+            (f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
+             f"{question.id}: {answer.text}", f"late answer to {question.id}"))
         question.late_answer_delivered = True
         questions.save_question(d, question)
 

@@ -25,6 +25,7 @@ RERUN = "rerun"   # not a machine trigger: the agent run under way starts over
 
 def poll(engine, mode: str) -> Next | None:
     d, now = engine.session.dir, engine.clock.now
+    guidance = []  # STEER/INFO taken in this poll, applied together before anything else
     for name in signals.waiting(d):
         signal, reason, raw = signals.read(d, name)
         if signal is None:
@@ -42,11 +43,17 @@ def poll(engine, mode: str) -> Next | None:
             continue  # the agent may take these itself; the engine does at the next boundary
         if not signals.take(d, name):
             continue  # another consumer won the rename
+        if signal.type in ("STEER", "INFO") and not (signal.priority and mode == "agent"):
+            guidance.append(signal)
+            continue
+        queue_guidance(engine, guidance)  # in arrival order, before what comes next
+        guidance = []
         nxt = handle(engine, signal, mode)
         if nxt is not None:
             if mode == "agent":
                 return nxt
             raise Preempted(nxt)
+    queue_guidance(engine, guidance)
     return None
 
 
@@ -66,29 +73,36 @@ def handle(engine, signal, mode: str) -> Next | None:
     elif signal.type == "STEER" and signal.priority and mode == "agent":
         # seed 004's priority message: stop the agent (it saves its partial work on
         # SIGTERM) and run the task again at once, with the message in its prompt
-        queue_guidance(engine, signal)
-        signals.mark_handled(d, signal, handled_by=HANDLED_BY, now=now,
-                             action="interrupted the running agent to re-run it with the message")
+        queue_guidance(engine, [signal], action="interrupted the running agent to re-run "
+                                                "it with the message")
         return Next(RERUN, signal.message)
     elif signal.type in ("STEER", "INFO"):
-        action = queue_guidance(engine, signal)
+        queue_guidance(engine, [signal])
+        return None
     else:
         action = decide_knowledge(engine, signal)
     signals.mark_handled(d, signal, handled_by=HANDLED_BY, action=action, now=now)
     return None
 
 
-def queue_guidance(engine, signal) -> str:
-    who = signal.role.capitalize() if signal.role else "the next invocation of any role"
-    signals.queue_guidance(engine.session.dir, {
-        "id": signal.name, "type": signal.type, "target": signal.role or "all",
-        "message": signal.message, "at": engine.clock.now().isoformat()})
-    # Not only when newly queued: a crash between the queue and the scratchpad would lose
-    # the note. Both steps are idempotent by the signal's name.
-    engine.session.append_scratchpad(
-        f"- {engine.clock.now().isoformat(timespec='seconds')} {signal.type} for {who}: "
-        f"{signal.message} ({signal.name})", unless_contains=signal.name)
-    return f"queued for {who}"
+def queue_guidance(engine, taken: list, action: str | None = None) -> None:
+    """STEER/INFO wait for their role's next prompt (guidance.yaml) and are noted in the
+    scratchpad, a whole batch in one write of each; then each is marked handled. Both
+    writes are idempotent by the signal's name, so a crash anywhere repeats nothing."""
+    if not taken:
+        return
+    d, now = engine.session.dir, engine.clock.now()
+
+    def who(signal):
+        return signal.role.capitalize() if signal.role else "the next invocation of any role"
+    signals.queue_guidance(d, *({"id": s.name, "type": s.type, "target": s.role or "all",
+                                 "message": s.message, "at": now.isoformat()} for s in taken))
+    engine.session.append_scratchpad(*(
+        (f"- {now.isoformat(timespec='seconds')} {s.type} for {who(s)}: {s.message} ({s.name})",
+         s.name) for s in taken))
+    for s in taken:
+        signals.mark_handled(d, s, handled_by=HANDLED_BY, now=now,
+                             action=action or f"queued for {who(s)}")
 
 
 def decide_knowledge(engine, signal) -> str:
@@ -127,9 +141,14 @@ def recover(engine) -> Next | None:
     return pending
 
 
-def watch(paths: list[str], wakeup: threading.Event):
-    """Wake the engine when a file lands in one of `paths` (inotify through watchdog;
-    a polling observer where no watcher works). Returns a function that stops it."""
+def watch(paths: list[str], wakeup: threading.Event, trees: list[str] = ()):
+    """Wake the engine when a file lands in one of `paths`, or anywhere under `trees`
+    (inotify through watchdog; a polling observer where no watcher works). Returns a
+    function that stops it.
+
+    A file renamed out of a watched directory into an unwatched one leaves watchdog
+    holding the move half-paired for 0.5 s, and every event behind it too: so the
+    mailbox is watched as the whole `signals/` tree, where a take is one paired move."""
     import logging
 
     from watchdog.events import FileSystemEventHandler
@@ -148,6 +167,8 @@ def watch(paths: list[str], wakeup: threading.Event):
         try:
             for path in paths:
                 observer.schedule(Wake(), path, recursive=False)
+            for path in trees:
+                observer.schedule(Wake(), path, recursive=True)
             observer.start()
         except Exception:
             continue

@@ -152,17 +152,18 @@ class Session:
     def read_events(self, offset: int = 0):
         return read_events(self.dir, offset)
 
-    def append_scratchpad(self, text: str, unless_contains: str | None = None) -> None:
-        """Append a note; with `unless_contains`, not if a note with that mark is there."""
+    def append_scratchpad(self, *notes: tuple[str, str | None]) -> None:
+        """Append notes (text, mark) in one rewrite; a note whose mark is there already
+        is skipped, so appending is idempotent by mark."""
         path = os.path.join(self.dir, "scratchpad.md")
         try:
             with open(path, encoding="utf-8") as f:
                 old = f.read()
         except FileNotFoundError:
             old = "# Scratchpad\n"
-        if unless_contains and unless_contains in old:
-            return
-        write_atomic(path, old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n", "scratchpad")
+        new = [text.rstrip("\n") for text, mark in notes if not (mark and mark in old)]
+        if new:
+            write_atomic(path, old.rstrip("\n") + "\n\n" + "\n".join(new) + "\n", "scratchpad")
 
 
 def create(workspace: str, objective: str, *, now: datetime, session_id: str | None = None,

@@ -278,14 +278,14 @@ def _save_guidance(session_dir: str, items: list[dict]) -> None:
     write_atomic(_guidance_path(session_dir), json.dumps(items) + "\n", "guidance")
 
 
-def queue_guidance(session_dir: str, item: dict) -> bool:
-    """Add {id, target, message, at}; False when that id is queued already (idempotent)."""
+def queue_guidance(session_dir: str, *new: dict) -> None:
+    """Add items {id, target, message, at} in one rewrite; an id queued already is
+    skipped (idempotent)."""
     items = guidance(session_dir)
-    if any(i["id"] == item["id"] for i in items):
-        return False
-    items.append(item)
-    _save_guidance(session_dir, items)
-    return True
+    queued = {i["id"] for i in items}
+    added = [i for i in new if i["id"] not in queued]
+    if added:
+        _save_guidance(session_dir, items + added)
 
 
 def delivered(session_dir: str, ids: list[str]) -> None:

@@ -1,0 +1,122 @@
+"""Shared helpers for the benchmarks: where to work, statistics, the result rows."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from datetime import datetime, timezone
+
+import attrs
+
+
+@attrs.define
+class Row:
+    """One line of the final table. `ratio` is always value / baseline."""
+    bench: str
+    figure: str
+    value: str
+    baseline: str = ""
+    ratio: str = ""
+    note: str = ""
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear-interpolated percentile, p in [0, 100]."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return percentile(values, 50)
+
+
+def ms(seconds: float, digits: int = 2) -> str:
+    return f"{seconds * 1000:.{digits}f} ms"
+
+
+def ratio(value: float, baseline: float, digits: int = 2) -> str:
+    if not baseline:
+        return "n/a"
+    return f"{value / baseline:.{digits}f}"
+
+
+def ralph_script() -> str:
+    """The `ralph` console script of the interpreter running the bench."""
+    for d in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        path = os.path.join(d, "ralph")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    found = shutil.which("ralph")
+    if found:
+        return found
+    raise SystemExit("bench: cannot find the `ralph` console script next to "
+                     f"{sys.executable}; run `pip install -e .` in this interpreter")
+
+
+def default_base_dir() -> str:
+    """A tmpfs when there is one (/dev/shm): the benches measure the engine, not the disk."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and fs_type(shm) == "tmpfs":
+        return shm
+    return tempfile.gettempdir()
+
+
+def fs_type(path: str) -> str:
+    """The file-system type of the mount holding `path` (Linux /proc/mounts), or '?'."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) \
+                        and len(mount) > len(best):
+                    best, kind = mount, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def git_revision(repo: str) -> str:
+    try:
+        rev = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return (rev or "?") + ("+dirty" if dirty else "")
+
+
+def durable_write_cost(base: str, n: int = 200) -> float:
+    """Seconds for one session_store write_atomic (write, fsync, rename, fsync dir) here."""
+    import time
+
+    from session_store import write_atomic
+    d = tempfile.mkdtemp(prefix="ralph-bench-fsync-", dir=base)
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            write_atomic(os.path.join(d, f"f{i % 10}"), b"x" * 512, "bench")
+        return (time.perf_counter() - start) / n
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)

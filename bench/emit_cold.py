@@ -1,0 +1,89 @@
+"""Bench 2: `ralph emit` cold start against the bare interpreter, in the same run.
+
+Each command runs as a fresh subprocess, interleaved round by round so that drift in
+the machine's load hits every command alike; the figure is the median wall time
+(fork + exec + interpreter start + imports + the append + exit).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import Row, median, ms, now, ralph_script, ratio, say
+
+
+def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
+    import session_store
+    from session_store import read_events
+
+    py = sys.executable
+    ralph = ralph_script()
+    workspace = tempfile.mkdtemp(prefix="ralph-bench-emit-", dir=base)
+    try:
+        session = session_store.create(workspace, "bench: emit cold start", now=now())
+        env = dict(os.environ, RALPH_SESSION_DIR=session.dir, RALPH_ROLE="executor",
+                   RALPH_ITERATION="1", RALPH_STATE="EXECUTING_BATCH",
+                   RALPH_SESSION_ID=session.id, RALPH_WORKSPACE=workspace)
+        for k in [k for k in env if k.startswith("RALPH_TEST_")]:
+            del env[k]
+        # Measure what an installed ralph costs: with cached bytecode. The warm-up runs
+        # write it under the bench's temp dir, so the checkout stays clean even where
+        # PYTHONDONTWRITEBYTECODE is set (then every start would compile ralph's modules).
+        no_bytecode = bool(env.pop("PYTHONDONTWRITEBYTECODE", None))
+        env["PYTHONPYCACHEPREFIX"] = os.path.join(workspace, "pycache")
+        commands = {
+            "base": [py, "-c", "pass"],
+            "ralph": [ralph, "emit", "bench.tick", "from the console script"],
+            "module": [py, "-m", "engine", "emit", "bench.tick", "from python -m engine"],
+            "libs": [py, "-c", "import transitions, cattrs, yaml"],
+            "nosite": [py, "-S", "-c", "pass"],
+        }
+        say(f"emit: {len(commands)} commands x {runs} runs (+{warmup} warm-up), interleaved")
+        times: dict[str, list[float]] = {k: [] for k in commands}
+        for i in range(warmup + runs):
+            for key, argv in commands.items():
+                start = time.perf_counter()
+                proc = subprocess.run(argv, env=env, cwd=workspace, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE)
+                elapsed = time.perf_counter() - start
+                if proc.returncode != 0:
+                    raise RuntimeError(f"emit bench: {' '.join(argv)} exited "
+                                       f"{proc.returncode}: {proc.stderr.decode()[-500:]}")
+                if i >= warmup:
+                    times[key].append(elapsed)
+        ticks = [r for r in read_events(session.dir)[0] if r["topic"] == "bench.tick"]
+        if len(ticks) != 2 * (warmup + runs):
+            raise RuntimeError(f"emit bench: {len(ticks)} events on the bus, expected "
+                               f"{2 * (warmup + runs)}")
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
+    med = {k: median(v) for k, v in times.items()}
+    base_label = f"{ms(med['base'], 1)} (python -c pass)"
+    cached = ("bytecode cached in a temp PYTHONPYCACHEPREFIX"
+              + (" (PYTHONDONTWRITEBYTECODE was set: unset for this bench)" if no_bytecode else ""))
+    return [
+        Row("2 emit cold start", "`ralph emit` (console script), median",
+            ms(med["ralph"], 1), base_label, ratio(med["ralph"], med["base"]),
+            note=f"+{ms(med['ralph'] - med['base'], 1)} over the interpreter; {runs} runs each, "
+                 f"p90 {ms(_p90(times['ralph']), 1)}; {cached}"),
+        Row("2 emit cold start", "`python -m engine emit`, median",
+            ms(med["module"], 1), base_label, ratio(med["module"], med["base"]),
+            note=f"+{ms(med['module'] - med['base'], 1)} over the interpreter"),
+        Row("2 emit cold start", "context: `python -c \"import transitions, cattrs, yaml\"`",
+            ms(med["libs"], 1), base_label, ratio(med["libs"], med["base"]),
+            note="what emit would cost if it imported the engine's libraries"),
+        Row("2 emit cold start", "context: `python -S -c pass` (no site, no .pth)",
+            ms(med["nosite"], 1), base_label, ratio(med["nosite"], med["base"]),
+            note="the interpreter without site-packages start-up (an editable install's "
+                 ".pth finder is part of the baseline)"),
+    ]
+
+
+def _p90(values: list[float]) -> float:
+    from _common import percentile
+    return percentile(values, 90)

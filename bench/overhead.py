@@ -1,0 +1,107 @@
+"""Bench 1: engine overhead per transition, with a no-op in-process agent.
+
+Every iteration is PLANNING -> EXECUTING_BATCH -> REVIEWING_BATCH -> PLANNING (3
+transitions, one task, no knowledge staged). The planner plans one task in iterations
+1..N and says LOOP_COMPLETE in iteration N + 1, so the run is 3N + 1 transitions.
+An iteration's cost is the time between two consecutive planner invocations.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+import time
+
+from _common import Row, median, ms, now, ratio, say
+
+EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
+            "complexity: 3, duplication: pass")
+
+
+class NoopAgent:
+    """Emits what each role must emit, straight onto the bus, and returns at once."""
+
+    def __init__(self, iterations: int, metadata_path):
+        self.iterations = iterations
+        self.metadata_path = metadata_path
+        self.starts: list[float] = []          # perf_counter at each planner invocation
+        self.cpu: list[float] = []             # process_time at the same moments
+        self.metadata_sizes: dict[int, int] = {}
+
+    def run(self, inv, wakeup=None, should_stop=None):
+        from engine.agents import Outcome
+        from session_store import append_event
+        env = inv.env
+        d, it = env["RALPH_SESSION_DIR"], int(env["RALPH_ITERATION"])
+        kw = {"source": inv.role, "iteration": it, "state": env["RALPH_STATE"]}
+        if inv.role == "planner":
+            self.starts.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+            self.metadata_sizes[it] = os.path.getsize(self.metadata_path())
+            if it > self.iterations:
+                append_event(d, "LOOP_COMPLETE", "nothing left", **kw)
+            else:
+                append_event(d, "plan.ready", {"tasks": [
+                    {"id": f"t{it}", "title": f"no-op task {it}", "batch": 1}]}, **kw)
+        elif inv.role == "executor":
+            append_event(d, "build.done", EVIDENCE, **kw)
+        elif inv.role == "reviewer":
+            append_event(d, "review.done", "tests: pass, build: pass", **kw)
+        # librarian: stages nothing
+        return Outcome(exit_code=0)
+
+
+def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
+    import session_store
+    from engine.config import Config
+    from engine.driver import Engine
+    from session_store import Limits, _atomic
+
+    window = min(window, max(1, iterations // 2))
+    workspace = tempfile.mkdtemp(prefix="ralph-bench-overhead-", dir=base)
+    try:
+        session = session_store.create(workspace, "bench: engine overhead", now=now(),
+                                       limits=Limits(max_iterations=iterations + 1))
+        agent = NoopAgent(iterations, lambda: session.metadata_path)
+        engine = Engine(session, Config(), agent_for=lambda role: agent, out=io.StringIO())
+        say(f"overhead: {iterations} iterations with a no-op in-process agent")
+        writes_before = _atomic._write_count
+        start, cpu_start = time.perf_counter(), time.process_time()
+        code = engine.run()
+        total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        writes = _atomic._write_count - writes_before
+        m = session.metadata
+        transitions = m.orchestrator.transitions
+        if code != 0 or m.status.value != "completed" or m.iteration != iterations + 1 \
+                or transitions != 3 * iterations + 1:
+            raise RuntimeError(f"overhead bench: unexpected end: exit {code}, status "
+                               f"{m.status.value}, iteration {m.iteration}, "
+                               f"{transitions} transitions")
+        final_size = os.path.getsize(session.metadata_path)
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
+    def windows(stamps):
+        per = [b - a for a, b in zip(stamps, stamps[1:])]  # N intervals
+        first, last = per[:window], per[-window:]
+        return sum(first) / len(first), sum(last) / len(last), median(first), median(last)
+
+    w_first, w_last, w_med_first, w_med_last = windows(agent.starts)
+    c_first, c_last, _, _ = windows(agent.cpu)
+    sizes = agent.metadata_sizes
+    second = sizes.get(2, sizes.get(1))
+    return [
+        Row("1 engine overhead", "mean time per transition",
+            f"{ms(total / transitions, 3)} (CPU {ms(cpu / transitions, 3)})",
+            note=f"{transitions} transitions, {iterations} iterations in {total:.2f} s; "
+                 f"{ms(total / iterations)} per iteration; "
+                 f"{writes / transitions:.1f} durable writes per transition"),
+        Row("1 engine overhead", f"mean iteration cost, last {window} iterations",
+            f"{ms(w_last)} (CPU {ms(c_last)})",
+            f"{ms(w_first)} (CPU {ms(c_first)}), first {window}",
+            f"{ratio(w_last, w_first)} (CPU {ratio(c_last, c_first)})",
+            note=f"should stay ~1.0 (CPU time is the figure a busy machine disturbs least); "
+                 f"wall medians {ms(w_med_last)} vs {ms(w_med_first)}; metadata.yaml "
+                 f"{second} B at iteration 2, {final_size} B at the end"),
+    ]
