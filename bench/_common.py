@@ -120,3 +120,48 @@ def durable_write_cost(base: str, n: int = 200) -> float:
 
 def say(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+# --- engines run as subprocesses ---
+
+def session_env(**extra: str) -> dict:
+    """The environment for a `ralph` subprocess: no test hooks, no session of the caller's."""
+    env = dict(os.environ, **extra)
+    for k in [k for k in env if k.startswith(("RALPH_TEST_", "RALPH_SESSION"))]:
+        del env[k]
+    return env
+
+
+def wait_for_text(log: str, text: str, proc: subprocess.Popen, timeout: float,
+                  what: str = "bench") -> None:
+    """Wait until `text` is in the file `log` (a subprocess's output)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            content = f.read()
+        if text in content:
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: the session never reached {text!r} (exit "
+                               f"{proc.poll()}); its output:\n{content[-2000:]}")
+        time.sleep(0.02)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM a subprocess we started (SIGKILL after 5 s), and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def config_snapshot() -> dict[str, str]:
+    """The `files` for session_store.create that `ralph session resume` needs: the
+    snapshot of the config the session started with (here the defaults)."""
+    from engine import config as cfg
+    from session_store import dump_yaml
+    return {cfg.SNAPSHOT: dump_yaml(cfg.to_data(cfg.without_secrets(cfg.Config())))}

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 
-from _common import Row, median, ms, now, percentile, ralph_script, ratio, say
+from _common import (Row, median, ms, now, percentile, ralph_script, ratio, say, session_env,
+                     stop_process, wait_for_text)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLL_INTERVAL = 0.25
@@ -72,29 +73,6 @@ def measure(session_dir: str, proc: subprocess.Popen, count: int, warmup: int,
     return latencies, drops
 
 
-def _wait_for_text(log: str, text: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            content = f.read()
-        if text in content:
-            return
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"latency bench: the session never reached {text!r} (exit "
-                               f"{proc.poll()}); its output:\n{content[-2000:]}")
-        time.sleep(0.02)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def bench_engine(base: str, count: int, warmup: int) -> dict:
     from session_store import signals
     workspace = tempfile.mkdtemp(prefix="ralph-bench-latency-", dir=base)
@@ -102,9 +80,7 @@ def bench_engine(base: str, count: int, warmup: int) -> dict:
     config = os.path.join(workspace, "ralph.yml")
     with open(config, "w", encoding="utf-8") as f:
         f.write(CONFIG)
-    env = dict(os.environ, RALPH_DEMO_SLEEP_SCALE="0")
-    for k in [k for k in env if k.startswith(("RALPH_TEST_", "RALPH_SESSION"))]:
-        del env[k]
+    env = session_env(RALPH_DEMO_SLEEP_SCALE="0")
     session_dir = os.path.join(workspace, ".ralph-sessions", "latency")
     try:
         with open(log, "wb") as out:
@@ -112,7 +88,8 @@ def bench_engine(base: str, count: int, warmup: int) -> dict:
                                      "-c", config, "--id", "latency"], cwd=workspace, env=env,
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            _wait_for_text(log, "waiting for `ralph signal approve`", proc, timeout=120)
+            wait_for_text(log, "waiting for `ralph signal approve`", proc, timeout=120,
+                          what="latency bench")
             latencies, drops = measure(session_dir, proc, count, warmup)
             start = time.perf_counter()
             signals.drop(session_dir, "ABORT", "latency bench done", now=now())
@@ -123,7 +100,7 @@ def bench_engine(base: str, count: int, warmup: int) -> dict:
                                    f"expected 4")
             guidance = os.path.getsize(os.path.join(session_dir, "guidance.yaml"))
         finally:
-            _stop(proc)
+            stop_process(proc)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     return {"lat": latencies, "drops": drops, "abort_exit": abort_exit, "guidance": guidance}
@@ -142,7 +119,7 @@ def bench_poller(base: str, count: int, warmup: int) -> dict:
                 raise RuntimeError(f"latency bench: the poller did not start (exit {proc.wait()})")
             latencies, drops = measure(session.dir, proc, count, warmup)
         finally:
-            _stop(proc)
+            stop_process(proc)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     return {"lat": latencies, "drops": drops}

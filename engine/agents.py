@@ -17,6 +17,8 @@ import time
 
 import attrs
 
+from session_store._atomic import open_private, read_nofollow
+
 from .config import AgentConfig, Backend, PromptMode
 
 KILL_GRACE_SECONDS = 2.0
@@ -82,8 +84,9 @@ class CommandAgent:
             argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
-        with open(inv.log_base + ".stdout", "wb") as out, \
-                open(inv.log_base + ".stderr", "wb") as err:
+        # private (0600) and never through a symlink planted at these predictable names
+        with open(open_private(inv.log_base + ".stdout"), "wb") as out, \
+                open(open_private(inv.log_base + ".stderr"), "wb") as err:
             try:
                 proc = subprocess.Popen(
                     argv, cwd=inv.cwd, env=inv.env, stdout=out, stderr=err,
@@ -120,8 +123,11 @@ class CommandAgent:
                     _kill_group(proc, exited)
             outcome.exit_code = proc.wait()
         outcome.duration = time.monotonic() - started
-        with open(inv.log_base + ".stdout", encoding="utf-8", errors="replace") as f:
-            outcome.stdout = f.read()
+        try:
+            outcome.stdout = read_nofollow(inv.log_base + ".stdout").decode("utf-8",
+                                                                             errors="replace")
+        except OSError:   # replaced meanwhile (by a symlink, say): not read
+            outcome.stdout = ""
         return outcome
 
 

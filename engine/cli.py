@@ -303,6 +303,14 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _bad(message: str):
     from session_store import BadInput
     return BadInput(message)
@@ -337,10 +345,27 @@ def build_parser():
     session = sub.add_parser("session", help="start, resume and inspect sessions")
     ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser)
 
+    def positive(kind, most=None):
+        """A flag's number: finite and above 0 (argparse's float takes nan and inf, which
+        passed every check and crashed deadlines later); seconds up to ~31 years."""
+        def parse(text):
+            try:
+                value = kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            if not 0 < value < float("inf") or (most is not None and value > most):
+                raise argparse.ArgumentTypeError(
+                    f"expected a positive number{f' of at most {most:g}' if most else ''}, "
+                    f"got {text!r}")
+            return value
+        return parse
+
+    seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads cattrs)
+
     def limit_flags(p):
-        p.add_argument("--max-iterations", type=int)
-        p.add_argument("--max-runtime", type=float, metavar="SECONDS")
-        p.add_argument("--max-cost", type=float, metavar="USD")
+        p.add_argument("--max-iterations", type=positive(int))
+        p.add_argument("--max-runtime", type=seconds, metavar="SECONDS")
+        p.add_argument("--max-cost", type=positive(float), metavar="USD")
 
     p = ssub.add_parser("start", parents=[common], help="create a session and run it")
     p.add_argument("objective", nargs="?")
@@ -419,7 +444,7 @@ def build_parser():
     isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser)
     p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
     p.add_argument("question")
-    p.add_argument("--timeout", type=float, help="seconds (default: RObot.timeout_seconds)")
+    p.add_argument("--timeout", type=seconds, help="seconds (default: RObot.timeout_seconds)")
     p.add_argument("--default", help="printed on timeout (exit 3)")
     p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
     p.add_argument("--session", help=SESSION_FLAGS_HELP)
@@ -449,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["emit"]:  # agents' hot path (engine/entry.py takes it before this module)
         from .emit import main as emit_main
         return emit_main(argv[1:])
+    bad = next((i for i, arg in enumerate(argv, 1) if not _is_text(arg)), None)
+    if bad is not None:   # bytes that are not UTF-8 reach Python as lone surrogates
+        print(f"ralph: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)
+        return EXIT_BAD_INPUT
     import signal
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 
 import attrs
 
 from session_store import BadInput, parse_yaml, structure, unstructure
+from session_store._schema import shown
 
 ROLES = ("planner", "executor", "reviewer", "librarian", "questioner")
+MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
 
 
 class Backend(enum.Enum):
@@ -148,12 +151,29 @@ def _range_errors(config: Config) -> list[str]:
     """Values of the right type but out of range, with their paths."""
     errors = []
 
+    def finite(path, obj):
+        """NaN passes every comparison below, infinity every upper bound: neither is a
+        number a session can wait for (timedelta(seconds=nan) raises mid-session)."""
+        for f in attrs.fields(type(obj)):
+            value = getattr(obj, f.name)
+            if attrs.has(type(value)):
+                finite(f"{path}{f.name}.", value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                errors.append(f"$.{path}{f.name}: expected a finite number, got {value}")
+
+    finite("", config)
+    if errors:
+        return errors
+
     def positive(path, value, allow_none=False, allow_zero=False):
         if value is None and allow_none:
             return
         if value < 0 or (value == 0 and not allow_zero):
             errors.append(f"$.{path}: expected a {'non-negative' if allow_zero else 'positive'} "
-                          f"number, got {value}")
+                          f"number, got {shown(value)}")
+        elif path.endswith("_seconds") and value > MAX_SECONDS:
+            errors.append(f"$.{path}: expected at most {MAX_SECONDS:.0f} seconds, "
+                          f"got {shown(value)}")
 
     positive("event_loop.max_iterations", config.event_loop.max_iterations)
     positive("event_loop.max_runtime_seconds", config.event_loop.max_runtime_seconds)

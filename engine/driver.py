@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+
 import attrs
 
 from session_store import (IterationMetadata, PauseKind, PlannedTask, Session, Status,
@@ -85,6 +86,7 @@ class Engine:
             if pending is not None:
                 self.fire(pending)
             elif resume and self.current is State.PAUSED:
+                humans.note_resumed(self)
                 self._fire_preemptible(Next("resume", "ralph session resume"))
             while self.current not in (State.COMPLETE, State.PAUSED):
                 limit = self.limit_reached()
@@ -168,6 +170,8 @@ class Engine:
             {"n": lt.n, "from": lt.source.value, "to": lt.dest.value, "trigger": lt.trigger,
              "reason": lt.reason, "at": lt.at.isoformat()},
             ts=lt.at.isoformat())
+        # the state's work is recorded: guidance delivered to it is done with
+        signals.forget_delivered(self.session.dir)
 
     def reconcile(self) -> None:
         """After a crash between persisting metadata and recording the transition, the
@@ -273,7 +277,8 @@ class Engine:
         else:
             env.pop("RALPH_TASK_ID", None)
         role_config = getattr(self.config.roles, role)
-        guidance = self.guidance_for(role)
+        unit = f"{it.number}/{role}/{task.id if task else ''}"
+        guidance = self.guidance_for(role, unit)
         pending = list(pending or [])
         carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
         human_events = [{"topic": g["topic"], "payload": g["message"]}
@@ -296,7 +301,7 @@ class Engine:
             return self.run_role(role, task, pending)
         if outcome.stopped:
             raise Preempted(self._stopping)
-        signals.delivered(self.session.dir, [g["id"] for g in guidance])
+        signals.delivered(self.session.dir, [g["id"] for g in guidance], to=unit)
         emitted = [e for e in self._read_new_events() if e.get("source") != "engine"]
         if gates.COMPLETION not in {e["topic"] for e in emitted} and any(
                 line.strip() == gates.COMPLETION for line in outcome.stdout.splitlines()):
@@ -352,8 +357,7 @@ class Engine:
         for e in emitted:
             usd = e["payload"].get("usd") if e["topic"] == "cost" and \
                 isinstance(e["payload"], dict) else None
-            if isinstance(usd, (int, float)) and not isinstance(usd, bool) and usd >= 0:
-                spent += usd
+            spent += _usd(usd)
         for line in stdout.splitlines():
             if '"total_cost_usd"' in line:
                 try:
@@ -361,8 +365,7 @@ class Engine:
                 except ValueError:
                     continue
                 usd = result.get("total_cost_usd") if isinstance(result, dict) else None
-                if isinstance(usd, (int, float)) and not isinstance(usd, bool) and usd >= 0:
-                    spent += usd
+                spent += _usd(usd)
         if spent:
             self.metadata.usage.cost_usd = round(self.metadata.usage.cost_usd + spent, 6)
             self.save()
@@ -393,11 +396,13 @@ class Engine:
         self._stopping = mailbox.poll(self, "agent")
         return self._stopping.reason if self._stopping else None
 
-    def guidance_for(self, role: str) -> list[dict]:
-        """Queued STEER/INFO (and human responses) for this role or for all; they leave the
-        queue once a run that carried them completes, so a run a crash cut short gets
-        them again."""
-        return [g for g in signals.guidance(self.session.dir) if g["target"] in ("all", role)]
+    def guidance_for(self, role: str, unit: str | None = None) -> list[dict]:
+        """Queued STEER/INFO (and human responses) for this role or for all, not delivered
+        yet, or delivered to an earlier run of this same unit of work: a run a crash cut
+        short, or whose outcome a crash lost, gets them again. They leave the queue at the
+        next transition (signals.forget_delivered)."""
+        return [g for g in signals.guidance(self.session.dir) if g["target"] in ("all", role)
+                and g.get("delivered_to") in (None, unit)]
 
     def add_resume_message(self, text: str) -> None:
         signals.drop(self.session.dir, "INFO", text, now=self.clock.now())
@@ -448,3 +453,15 @@ class Engine:
         finished = sum(t.marker in progress.FINISHED for t in tasks)
         return (f"{self.current} · iteration {m.iteration} · task {finished} of {len(tasks)} done"
                 f"{' · ' + self._activity if self._activity else ''}")
+
+
+def _usd(value) -> float:
+    """A reported cost as a number to add: 0 for anything but a finite non-negative
+    number (an agent may report 10**400, 1e308 twice, "12" or -1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        usd = float(value)
+    except OverflowError:
+        return 0.0
+    return usd if 0 <= usd < 1e12 else 0.0

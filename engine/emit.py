@@ -19,6 +19,9 @@ class EmitError(Exception):
 
 
 def parse_args(argv: list[str]) -> tuple[str, object]:
+    for i, arg in enumerate(argv, 1):
+        if not _is_text(arg):   # bytes that are not UTF-8 reach Python as lone surrogates
+            raise EmitError(f"argument {i} is not valid UTF-8 text")
     args, json_text, it = [], None, iter(argv)
     for arg in it:
         if arg == "--json":
@@ -42,9 +45,13 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
         raise EmitError("give the payload as PAYLOAD or as --json, not both")
     if json_text is not None:
         try:
-            payload = json.loads(json_text)
+            payload = json.loads(json_text, parse_constant=_not_json, parse_float=_finite)
         except ValueError as e:
             raise EmitError(f"--json: not valid JSON ({e})") from None
+        except RecursionError:
+            raise EmitError("--json: nested too deeply") from None
+        if not _is_text(json.dumps(payload, ensure_ascii=False)):
+            raise EmitError("--json: a \\ud800-style escape that is no character")
     else:
         payload = args[1] if len(args) == 2 else None
     if topic in ("blocker", "confidence"):  # topics the engine reads field by field
@@ -53,6 +60,27 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
         if problem:
             raise EmitError(f"{topic} --json: {problem}")
     return topic, payload
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _not_json(name: str):
+    """NaN and Infinity: Python's json reads and writes them, but they are not JSON, and
+    the bus is read by other tools too."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):   # 1e999 reads as infinity
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
 
 
 def session_dir() -> str:
@@ -79,9 +107,14 @@ def main(argv: list[str]) -> int:
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
     iteration = os.environ.get("RALPH_ITERATION", "")
-    record = append_event(directory, topic, payload,
-                          source=os.environ.get("RALPH_ROLE") or "cli",
-                          iteration=int(iteration) if iteration.isdigit() else None,
-                          state=os.environ.get("RALPH_STATE") or None)
+    from session_store._errors import BadInput
+    try:
+        record = append_event(directory, topic, payload,
+                              source=os.environ.get("RALPH_ROLE") or "cli",
+                              iteration=int(iteration) if iteration.isdigit() else None,
+                              state=os.environ.get("RALPH_STATE") or None)
+    except BadInput as e:   # events.jsonl is a symlink: refused
+        print(f"ralph emit: error: {e}", file=sys.stderr)
+        return 2
     print(f"emitted {topic} (seq {record['seq']})")
     return 0

@@ -2,6 +2,7 @@
 and `confidence` (seed 004). Stdlib only: `ralph emit` validates with it."""
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 BLOCKER_FIELDS = {
@@ -57,7 +58,8 @@ def validate_confidence(payload) -> str | None:
         if key not in allowed:
             return f"$.{key}: unknown field (expected {', '.join(sorted(allowed))})"
         if key in UNIT_FIELDS or key == "complexity":
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                    (isinstance(value, float) and not math.isfinite(value)):
                 return f"$.{key}: expected a number"
             if key in UNIT_FIELDS and not 0 <= value <= 1:
                 return f"$.{key}: expected a number in [0, 1]"

@@ -19,6 +19,7 @@ from session_store import Assessment, PauseKind, progress, questions
 
 from . import humans
 from .driver_types import Next, Preempted
+from .event_schemas import validate_confidence
 
 WEIGHTS = {"task_clarity": 0.25, "solution_certainty": 0.30, "verification_success": 0.20,
            "precedent_match": 0.15, "resource_availability": 0.10}
@@ -91,7 +92,9 @@ def observe_run(engine, emitted: list[dict], judged: list[dict], outcome) -> Non
     """Fold one agent run into the observations (called by the engine after each run)."""
     obs = engine.metadata.fallback
     for event in emitted:
-        if event["topic"] == "confidence" and isinstance(event["payload"], dict):
+        # what `ralph emit confidence` validates: an agent appending to the bus directly
+        # skips that, so an invalid payload is ignored here rather than crash the engine
+        if event["topic"] == "confidence" and validate_confidence(event["payload"]) is None:
             payload = event["payload"]
             obs.reported.update({k: float(v) for k, v in payload.items()
                                  if k not in ("approaches", "missing")})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from session_store import PauseKind, questions, signals
+from session_store import PauseKind, questions, read_events, signals
 
 from .driver_types import Next, Preempted
 
@@ -32,12 +32,16 @@ def ask(engine, text: str, *, options=(), default: str | None = None, kind: str 
                                           task=task_id)))
     engine.metadata.pending_question = question.id
     engine.save()
-    engine.session.append_event("human.question", {"id": question.id, "text": question.text,
-                                                   "kind": kind,
-                                                   "deadline": question.deadline.isoformat()})
+    _record_question(engine, question)
     engine.say(f"question {question.id} for a human: {question.text.splitlines()[0]}  "
                f"(answer: ralph session answer {engine.session.id} \"...\")")
     return question
+
+
+def _record_question(engine, question: questions.Question) -> None:
+    engine.session.append_event("human.question", {"id": question.id, "text": question.text,
+                                                   "kind": question.kind,
+                                                   "deadline": question.deadline.isoformat()})
 
 
 def ask_from_event(engine, event: dict, role: str, task) -> questions.Question:
@@ -82,11 +86,14 @@ def _apply_answer(engine, question: questions.Question, answer) -> None:
     if answer is not None:
         _queue_event(engine, question.id, "human.response",
                      {"question": question.text, "answer": answer.text, "id": question.id})
+    response = {"id": question.id, "answer": answer.text if answer else None,
+                "channel": answer.channel if answer else None}
     if question.status is not questions.QuestionStatus.ANSWERED:
         questions.resolve(d, question, questions.QuestionStatus.ANSWERED, engine.clock.now())
-        engine.session.append_event("human.response", {
-            "id": question.id, "answer": answer.text if answer else None,
-            "channel": answer.channel if answer else None})
+        engine.session.append_event("human.response", response)
+    elif not _on_bus(engine, "human.response", question.id):
+        # resolved, then a crash before its record: the record is written now, once
+        engine.session.append_event("human.response", response)
     engine.metadata.pending_question = None
     engine.skip_cooldown = True   # a human answered: the next run starts at once
     engine.save()
@@ -100,18 +107,22 @@ def _apply_timeout(engine, question: questions.Question) -> None:
     (the question stays answerable; resume goes on with its answer), abort."""
     d, now = engine.session.dir, engine.clock.now()
     policy = question.on_timeout
+    timeout = {"id": question.id, "policy": policy, **_undelivered(question)}
     if policy == "pause" and not question.timeout_paused:
-        question.timeout_paused = True  # once: a resume without an answer goes on without it
-        questions.save_question(d, question)
-        engine.session.append_event("human.timeout", {"id": question.id, "policy": policy,
-                                                      **_undelivered(question)})
+        # the session pauses, once: the question is marked `timeout_paused` when it is
+        # resumed from that pause (note_resumed), so a crash before the pause is durable
+        # pauses again rather than going on as if it had paused
+        if not _on_bus(engine, "human.timeout", question.id):
+            engine.session.append_event("human.timeout", timeout)
         raise Preempted(Next("pause", f"question {question.id} unanswered by its deadline: "
                                       f"{question.text}", PauseKind.QUESTION))
     if question.status is not questions.QuestionStatus.TIMED_OUT:
         questions.resolve(d, question, questions.QuestionStatus.TIMED_OUT, now)
         if policy != "pause":
-            engine.session.append_event("human.timeout", {"id": question.id, "policy": policy,
-                                                          **_undelivered(question)})
+            engine.session.append_event("human.timeout", timeout)
+    elif policy != "pause" and not _on_bus(engine, "human.timeout", question.id):
+        # resolved, then a crash before its record: the record is written now, once
+        engine.session.append_event("human.timeout", timeout)
     _queue_event(engine, question.id, "human.timeout",
                  {"id": question.id, "question": question.text,
                   "policy": policy, "default": question.default})
@@ -119,6 +130,28 @@ def _apply_timeout(engine, question: questions.Question) -> None:
     engine.save()
     if policy == "abort":
         raise Preempted(Next("abort", f"question {question.id} unanswered by its deadline"))
+
+
+def note_resumed(engine) -> None:
+    """A session paused by its question's timeout (on_timeout: pause) is being resumed:
+    that pause happened, so the question's timeout now goes on without pausing again (an
+    answer is still welcome). Idempotent: a crash before the resume is durable repeats it."""
+    qid = engine.metadata.pending_question
+    if engine.metadata.orchestrator.pause_kind is not PauseKind.QUESTION or not qid:
+        return
+    question = questions.load_question(engine.session.dir, qid)
+    if not question.timeout_paused:
+        question.timeout_paused = True
+        questions.save_question(engine.session.dir, question)
+
+
+def _on_bus(engine, topic: str, qid: str) -> bool:
+    """Whether the engine recorded `topic` for question `qid` (read only on the paths a
+    crash leads to: the whole bus is read)."""
+    records, _ = read_events(engine.session.dir)
+    return any(r["topic"] == topic and r.get("source") == "engine"
+               and isinstance(r["payload"], dict) and r["payload"].get("id") == qid
+               for r in records)
 
 
 def _undelivered(question: questions.Question) -> dict:
@@ -158,6 +191,12 @@ def recover(engine) -> None:
         elif engine.metadata.pending_question is None:
             engine.metadata.pending_question = question.id
             engine.save()
+    # the question file is the commit point of asking, its bus record comes after: a
+    # crash in between left the question without its record (which `tail`, the status
+    # view and the bus's readers go by), so it is written now, once
+    qid = engine.metadata.pending_question
+    if qid and not _on_bus(engine, "human.question", qid):
+        _record_question(engine, questions.load_question(d, qid))
 
 
 def _queue_event(engine, qid: str, topic: str, payload: dict) -> None:

@@ -108,12 +108,22 @@ def queue_guidance(engine, taken: list, action: str | None = None) -> None:
 def decide_knowledge(engine, signal) -> str:
     from states import knowledge_approval
     _it, meta = engine.iteration()
+    if meta.knowledge_decided_by == signal.name:
+        # it decided, then a crash came before it was marked: say what it did
+        return _knowledge_action(meta)
     if engine.current is not State.KNOWLEDGE_APPROVAL or meta.knowledge_decision is not None:
         return "no effect: the knowledge of this iteration was decided already"
     if signal.type == "APPROVE":
-        knowledge_approval.promote(engine, f"APPROVE signal: {signal.message}".rstrip(": "))
+        knowledge_approval.promote(engine, f"APPROVE signal: {signal.message}".rstrip(": "),
+                                   by=signal.name)
+    else:
+        knowledge_approval.decide(engine, "skipped", by=signal.name)
+    return _knowledge_action(meta)
+
+
+def _knowledge_action(meta) -> str:
+    if meta.knowledge_decision == "promoted":
         return f"promoted the staged knowledge of iteration {meta.iteration}"
-    knowledge_approval.decide(engine, "skipped")
     return f"kept the knowledge of iteration {meta.iteration} staged"
 
 
@@ -160,7 +170,10 @@ def watch(paths: list[str], wakeup: threading.Event, trees: list[str] = ()):
 
     class Wake(FileSystemEventHandler):
         def on_any_event(self, event):
-            wakeup.set()
+            # watchdog also reports reads; waking on them made a waiting engine wake
+            # itself with its own reads, at a full core
+            if event.event_type not in ("opened", "closed_no_write"):
+                wakeup.set()
 
     for make in (Observer, lambda: PollingObserver(timeout=0.1)):
         observer = make()

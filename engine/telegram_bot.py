@@ -39,8 +39,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from session_store import BadInput, Status, list_ids, load, make_dirs, questions, \
-    sessions_root, signals, write_atomic
+from session_store import BadInput, Status, list_ids, load, make_dirs, parse_yaml, \
+    questions, sessions_root, signals, write_atomic
 
 TOKEN_ENV = "RALPH_TELEGRAM_BOT_TOKEN"
 API_URL_ENV = "RALPH_TELEGRAM_API_URL"
@@ -59,7 +59,7 @@ MAX_TEXT = 3900             # Telegram takes 4096 characters a message
 
 QUESTION_HEADER = re.compile(r"Question ([A-Za-z0-9][A-Za-z0-9._-]{0,63}) from session "
                              r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\n")
-AT_SESSION = re.compile(r"@([A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:\s+(.*))?", re.DOTALL)
+AT_SESSION = re.compile(r"@([A-Za-z0-9][A-Za-z0-9._-]{0,63})[:,]?(?:\s+(.*))?", re.DOTALL)
 HELP = """Commands (SESSION is optional: the primary session by default):
 /status [SESSION] - state, iteration, tasks, pending questions
 /tasks [SESSION] - the current iteration's tasks
@@ -192,7 +192,10 @@ class BotState:
             return state
         state.existed = True
         try:
-            data = json.loads(raw)
+            try:
+                data = json.loads(raw)
+            except ValueError:   # edited by hand into YAML
+                data = parse_yaml(raw, path)
             offset = data.get("update_offset")
             state.update_offset = offset if isinstance(offset, int) else None
             state.messages = {str(k): {"session": str(v["session"]),
@@ -200,7 +203,7 @@ class BotState:
                               for k, v in (data.get("messages") or {}).items()}
             state.event_offsets = {str(k): int(v)
                                    for k, v in (data.get("event_offsets") or {}).items()}
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (BadInput, ValueError, TypeError, KeyError, AttributeError):
             log(f"{path}: unreadable; starting from an empty state")
         return state
 
@@ -295,7 +298,8 @@ class Channel:
         self.state = BotState.load(os.path.join(self.state_dir, STATE_FILE), self.log)
         self.bot = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._done = threading.Event()   # not Thread.join: a ^C inside join() can leave the
+        self._thread: threading.Thread | None = None   # Thread marked stopped (CPython 3.11)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._astop: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()      # question deliveries
@@ -326,16 +330,22 @@ class Channel:
             except RuntimeError:  # the loop is closed already
                 pass
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._done.wait(timeout)
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """True once the bot's thread has ended."""
+        return self._done.wait(timeout)
 
     def _thread_main(self) -> None:
         try:
             asyncio.run(self._main())
         except BaseException as e:  # never let the thread print a traceback
             self.log_error("the bot stopped", e)
+        finally:
+            self._done.set()
 
     # --- logging ---
 
@@ -1113,8 +1123,8 @@ def run_foreground(workspace: str, found: Settings) -> int:
     try:
         channel.start()
         stderr_log(f"bot running for {os.path.abspath(workspace)} (^C stops it)")
-        while channel.alive():
-            channel._thread.join(0.5)
+        while not channel.wait(0.5):
+            pass
     except KeyboardInterrupt:
         pass
     finally:

@@ -7,7 +7,7 @@ import os
 from datetime import datetime, timezone
 
 from session_store import (BadInput, PauseKind, list_ids, load, questions, read_events,
-                           running_pid, sessions_root)
+                           running_pid, sessions_root, signals)
 from states import State
 
 
@@ -25,7 +25,6 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     m = session.metadata
     it = session.iteration()
     events, _ = read_events(session.dir)
-    inputs = os.path.join(session.dir, "signals", "inputs")
     pid = running_pid(session.dir)
     return {
         "session_id": m.session_id,
@@ -45,7 +44,8 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
         "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
-        "waiting_signals": sorted(os.listdir(inputs)) if os.path.isdir(inputs) else [],
+        # what the engine will take: a writer's hidden temp file is no signal
+        "waiting_signals": signals.waiting(session.dir),
         "assessment": _assessment_view(m.fallback),
         "usage": {"cost_usd": m.usage.cost_usd, "runtime_seconds": m.usage.runtime_seconds,
                   "agent_invocations": m.usage.agent_invocations},

@@ -6,8 +6,10 @@ tests set).
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import stat
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -50,13 +52,40 @@ def make_dirs(path: str) -> None:
     fsync_dir(parent)
 
 
+def open_private(path: str) -> int:
+    """Open `path` for writing from its start, as a private file of our own: never through
+    a symlink or into a file linked elsewhere (whoever planted one there, an agent can
+    write in the workspace), always mode 0600. Returns the fd."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.getuid():
+            os.fchmod(fd, FILE_MODE)
+            return fd
+        os.close(fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+    os.unlink(path)   # the entry, not what it points to: then a fresh file of our own
+    return os.open(path, flags | os.O_EXCL, FILE_MODE)
+
+
+def read_nofollow(path: str, limit: int = -1) -> bytes:
+    """A file's bytes; a symlink at `path` is refused (OSError ELOOP), never followed, so
+    nothing outside the session is read into it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
 def write_atomic(path: str, data: str | bytes, kind: str = "file") -> None:
     """Replace `path` with `data`: a reader sees the old file or the new one, never half."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = open_private(tmp)
     try:
         view = memoryview(data)
         while view:
@@ -78,7 +107,7 @@ def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = open_private(tmp)
     try:
         os.write(fd, data)
         os.fsync(fd)

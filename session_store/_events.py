@@ -8,12 +8,14 @@ Readers skip a torn last line and never fail on one.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 from datetime import datetime, timezone
 
 from ._atomic import FILE_MODE, durable_write_done
+from ._errors import BadInput
 
 EVENTS_FILE = "events.jsonl"
 _TAIL_CHUNK = 65536
@@ -50,8 +52,8 @@ def _last_seq_and_trim(fd: int) -> int:
         for line in reversed(complete):
             try:
                 return int(json.loads(line)["seq"])
-            except (ValueError, KeyError, TypeError):
-                continue
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+                continue  # not a record (garbage, `"seq": Infinity`, nesting too deep)
         if start == 0:
             return 0
         chunk *= 2
@@ -62,7 +64,13 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
                  ts: str | None = None) -> dict:
     """Append one record to the session's bus and return it (with its seq)."""
     path = os.path.join(session_dir, EVENTS_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     FILE_MODE)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise BadInput(f"{path}: a symlink; the bus is never written through one") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         seq = _last_seq_and_trim(fd) + 1
@@ -87,18 +95,36 @@ def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
     """
     path = os.path.join(session_dir, EVENTS_FILE)
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return [], offset
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        return [], offset   # a symlink planted in place of the bus is not read
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        data = f.read()
     end = data.rfind(b"\n") + 1
     records = []
     for line in data[:end].split(b"\n")[:-1]:
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):   # garbage, or nesting too deep to decode
             continue
         if isinstance(record, dict) and "seq" in record and "topic" in record:
+            if b"\\ud" in line or b"\\uD" in line:
+                record = _without_lone_surrogates(record)
             records.append(record)
     return records, offset + end
+
+
+def _without_lone_surrogates(record: dict) -> dict:
+    """JSON may escape half a character ("\\ud800"); such text cannot be written back as
+    UTF-8 (a report, a prompt, a question would fail), so it becomes U+FFFD here."""
+    text = json.dumps(record, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+        return record
+    except UnicodeEncodeError:
+        return json.loads(text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))

@@ -144,6 +144,7 @@ class IterationMetadata:
     librarian_done: bool = False
     knowledge_staged: bool = False
     knowledge_decision: str | None = None   # promoted | skipped | carried
+    knowledge_decided_by: str | None = None  # the APPROVE/SKIP signal that decided, if any
     rejections: list[Rejection] = attrs.Factory(list)
     knowledge_deadline: datetime | None = None
     failed_batches: list[int] = attrs.Factory(list)   # batches that paused the session

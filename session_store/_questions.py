@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import os
 import secrets
+import stat
 from datetime import datetime
 
 import attrs
@@ -17,6 +18,7 @@ import attrs
 from ._atomic import create_exclusive, write_atomic
 from ._errors import BadInput
 from ._schema import dump_yaml, parse_yaml, structure, unstructure
+from ._session import check_id
 
 
 class QuestionStatus(enum.Enum):
@@ -64,11 +66,23 @@ class Answer:
 
 
 def _qpath(session_dir: str, qid: str) -> str:
-    return os.path.join(session_dir, "questions", f"{qid}.yaml")
+    return os.path.join(session_dir, "questions", f"{check_id(qid, 'question id')}.yaml")
 
 
 def _apath(session_dir: str, qid: str) -> str:
-    return os.path.join(session_dir, "answers", f"{qid}.yaml")
+    return os.path.join(session_dir, "answers", f"{check_id(qid, 'question id')}.yaml")
+
+
+def _read_own(path: str, fd: int) -> bytes:
+    """A question or answer file's bytes: only a regular file of this user (like the
+    session lock: a file planted by another user is not ours to act on)."""
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid():
+            raise BadInput(f"{path}: belongs to another user (uid {st.st_uid}); refused")
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{path}: not a regular file; refused")
+        return f.read()
 
 
 def new_question_id(now: datetime) -> str:
@@ -88,13 +102,15 @@ def save_question(session_dir: str, question: Question) -> None:
 def load_question(session_dir: str, qid: str) -> Question:
     path = _qpath(session_dir, qid)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise BadInput(f"unknown question {qid!r}") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
-    with os.fdopen(fd, "rb") as f:
-        return structure(parse_yaml(f.read(), path), Question, path)
+    question = structure(parse_yaml(_read_own(path, fd), path), Question, path)
+    if question.id != qid:   # its id names the file every later write goes to
+        raise BadInput(f"{path}: $.id: expected {qid!r}, got {question.id[:80]!r}")
+    return question
 
 
 def questions(session_dir: str) -> list[Question]:
@@ -119,6 +135,10 @@ def pending(session_dir: str) -> list[Question]:
 def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
     """Write the one answer to `qid`; BadInput when it is unknown, cancelled or answered."""
     question = load_question(session_dir, qid)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"the answer to {qid} is not valid UTF-8 text") from None
     if question.status is QuestionStatus.CANCELLED:
         raise BadInput(f"question {qid} was cancelled: it takes no answer")
     result = Answer(question=qid, text=text, answered_at=now, channel=channel)
@@ -130,13 +150,12 @@ def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str
 def read_answer(session_dir: str, qid: str) -> Answer | None:
     path = _apath(session_dir, qid)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
-    with os.fdopen(fd, "rb") as f:
-        return structure(parse_yaml(f.read(), path), Answer, path)
+    return structure(parse_yaml(_read_own(path, fd), path), Answer, path)
 
 
 def mark_delivery_failed(session_dir: str, qid: str, now: datetime) -> bool:

@@ -3,6 +3,7 @@ error naming the file and the `$.path`."""
 from __future__ import annotations
 
 import enum
+import reprlib
 from datetime import datetime, timezone
 
 import cattrs
@@ -40,12 +41,32 @@ def _structure_datetime(value, _type):
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def _structure_enum(value, cls):
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def shown(value) -> str:
+    """A value for an error message, bounded: YAML aliases make a 600-byte file a list of
+    9**9 items whose full repr never ends, and an int of 5,000 digits has no str()."""
     try:
-        return cls(value)
-    except ValueError:
-        allowed = ", ".join(str(m.value) for m in cls)
-        raise ValueError(f"expected one of {allowed}, got {value!r}") from None
+        return _REPR.repr(value)
+    except Exception:
+        name = type(value).__name__
+        return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _structure_enum(value, cls):
+    # only scalars reach Enum(): its own error shows repr(value), which never ends for
+    # an alias bomb
+    if isinstance(value, (str, int, float)):
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            pass
+    allowed = ", ".join(str(m.value) for m in cls)
+    raise ValueError(f"expected one of {allowed}, got {shown(value)}")
 
 
 def make_converter() -> cattrs.Converter:
@@ -72,8 +93,9 @@ def structure_errors(exc: BaseException) -> list[str]:
 
 
 def _describe_msg(exc: BaseException) -> str:
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        return f"unknown key {', '.join(sorted(exc.extra_fields))}"
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):   # keys may be None, 1, [a]...
+        keys = sorted(k if isinstance(k, str) else shown(k) for k in exc.extra_fields)
+        return f"unknown key {', '.join(keys)}"
     if isinstance(exc, KeyError):
         return "required key missing"
     return str(exc)
@@ -86,6 +108,12 @@ def parse_yaml(text: str | bytes, source: str):
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise BadInput(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        # the constructors' own failures: an impossible date (2001-13-45), an int of more
+        # than 4,300 digits, nesting deeper than the stack
+        detail = str(e).splitlines()[0][:120] if str(e) else ""
+        raise BadInput(f"{source}: not valid YAML: {type(e).__name__}"
+                       + (f": {detail}" if detail else "")) from None
 
 
 def dump_yaml(data) -> str:

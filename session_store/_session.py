@@ -8,7 +8,7 @@ import shutil
 from datetime import datetime
 
 from . import _progress
-from ._atomic import fsync_dir, make_dirs, rename_durable, write_atomic
+from ._atomic import fsync_dir, make_dirs, read_nofollow, rename_durable, write_atomic
 from ._errors import BadInput
 from ._events import append_event, read_events
 from ._metadata import IterationMetadata, Limits, SessionMetadata, Status
@@ -115,12 +115,16 @@ class Iteration:
         return path
 
     def staged_knowledge(self) -> list[str]:
+        """Regular files under knowledge/ (a symlink is no knowledge: promoting it would
+        put a link to anywhere into the docs; os.walk does not enter linked directories)."""
         root = self.path("knowledge")
         found = []
         for dirpath, _dirs, files in os.walk(root):
             for name in files:
-                if name not in BOOKKEEPING and not name.startswith("."):
-                    found.append(os.path.relpath(os.path.join(dirpath, name), root))
+                path = os.path.join(dirpath, name)
+                if name not in BOOKKEEPING and not name.startswith(".") and \
+                        os.path.isfile(path) and not os.path.islink(path):
+                    found.append(os.path.relpath(path, root))
         return sorted(found)
 
 
@@ -157,9 +161,10 @@ class Session:
         is skipped, so appending is idempotent by mark."""
         path = os.path.join(self.dir, "scratchpad.md")
         try:
-            with open(path, encoding="utf-8") as f:
-                old = f.read()
+            old = read_nofollow(path).decode("utf-8", errors="replace")
         except FileNotFoundError:
+            old = "# Scratchpad\n"
+        except OSError:   # a symlink planted in its place: not read, and replaced below
             old = "# Scratchpad\n"
         new = [text.rstrip("\n") for text, mark in notes if not (mark and mark in old)]
         if new:
@@ -205,10 +210,11 @@ def load(workspace: str, session_id: str) -> Session:
     check_id(session_id)
     path = os.path.join(sessions_root(workspace), session_id, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        text = read_nofollow(path)
     except FileNotFoundError:
         raise BadInput(f"unknown session {session_id!r} in {sessions_root(workspace)}") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
     meta = structure(parse_yaml(text, path), SessionMetadata, path)
     if meta.session_id != session_id:
         raise BadInput(f"{path}: $.session_id: expected {session_id!r}, got {meta.session_id!r}")

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import attrs
 
-from ._atomic import create_exclusive, fsync_dir, rename_durable, write_atomic
+from ._atomic import create_exclusive, fsync_dir, read_nofollow, rename_durable, write_atomic
 from ._errors import BadInput
 from ._schema import dump_yaml, parse_yaml
 
@@ -97,6 +97,10 @@ def validate(data, name: str = "signal") -> Signal:
         message = ""
     if not isinstance(message, str):
         raise BadInput(f"$.message: expected a string, got {type(message).__name__}")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:   # from argv bytes or a JSON "\ud800": not writable
+        raise BadInput("$.message: expected UTF-8 text") from None
     iteration = data.get("iteration")
     if iteration is not None and (type(iteration) is not int or iteration < 1):
         raise BadInput(f"$.iteration: expected a positive integer, got {_shown(iteration)}")
@@ -262,9 +266,10 @@ def _guidance_path(session_dir: str) -> str:
 def guidance(session_dir: str) -> list[dict]:
     path = _guidance_path(session_dir)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_nofollow(path)
     except FileNotFoundError:
+        return []
+    except OSError:   # a symlink planted in its place: not read (the next write replaces it)
         return []
     try:
         return json.loads(raw) or []
@@ -288,9 +293,28 @@ def queue_guidance(session_dir: str, *new: dict) -> None:
         _save_guidance(session_dir, items + added)
 
 
-def delivered(session_dir: str, ids: list[str]) -> None:
-    """Guidance that reached a completed agent run leaves the queue."""
+def delivered(session_dir: str, ids: list[str], to: str | None = None) -> None:
+    """Guidance that reached a completed agent run. With `to` (the run's unit of work:
+    iteration, role, task) it is marked delivered there and stays queued for a re-run of
+    that same unit, until the next transition (forget_delivered): a crash can come after
+    a run completes and before its outcome is recorded, and the unit then runs again,
+    which must get its guidance (and its human's answer) again. Without `to` it leaves the
+    queue at once."""
     if not ids:
         return
-    items = [i for i in guidance(session_dir) if i["id"] not in ids]
+    items = guidance(session_dir)
+    if to is None:
+        items = [i for i in items if i["id"] not in ids]
+    else:
+        for i in items:
+            if i["id"] in ids:
+                i["delivered_to"] = to
     _save_guidance(session_dir, items)
+
+
+def forget_delivered(session_dir: str) -> None:
+    """Delivered guidance leaves the queue (the work it went to is recorded)."""
+    items = guidance(session_dir)
+    kept = [i for i in items if "delivered_to" not in i]
+    if len(kept) != len(items):
+        _save_guidance(session_dir, kept)

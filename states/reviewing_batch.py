@@ -31,6 +31,9 @@ def run(engine) -> Next:
         if verdict.kind == "done":
             _write_review(it, task, "approved", verdict.event["payload"])
         else:
+            # once per task: a crash between this write and the review file (the commit
+            # point) reviews the task again, and must not record a second rejection
+            meta.rejections = [r for r in meta.rejections if r.task != task.id]
             meta.rejections.append(Rejection(task.id, verdict.reason))
             engine.save_iteration(meta)
             _write_review(it, task, "rejected", verdict.reason)

@@ -11,39 +11,29 @@ of the default spread of 22; RALPH_TEST_CRASH_POINTS=N (N >= 20) picks N.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import yaml
 
+import _crashkit as kit
 import session_store
+from _crashkit import KILLED, Write, run_all
 from conftest import (FAST, base_env, metadata, progress_markers, ralph, spawn, wait_for,
                       write_config, write_scenario)
-from engine.machine import TRANSITIONS
-from states import State
 
 SID = "crash"
 OBJECTIVE = "Build a greeting CLI"
-KILLED = -signal.SIGKILL
-WORKERS = max(2, min(4, os.cpu_count() or 2))
-
-
-class Write(NamedTuple):
-    n: int
-    kind: str
-    path: str   # relative to the session dir (or the workspace for files outside it)
 
 
 def session_dir(ws: Path) -> Path:
-    return ws / ".ralph-sessions" / SID
+    return kit.session_dir(ws, SID)
 
 
 def start(ws: Path, **env):
@@ -55,100 +45,24 @@ def resume(ws: Path, **env):
 
 
 def read_trace(trace: Path, ws: Path) -> list[Write]:
-    writes = []
-    for line in trace.read_text().splitlines():
-        n, _pid, kind, path = line.split(" ", 3)
-        p = Path(path)
-        for root in (session_dir(ws), ws):
-            if p.is_relative_to(root):
-                p = p.relative_to(root)
-                break
-        writes.append(Write(int(n), kind, str(p)))
-    return writes
+    return kit.read_trace(trace, ws, SID)
 
 
-# --- what a session left on disk ---
+# --- what a session left on disk (the checks live in _crashkit, shared by the crash suites) ---
 
-def transitions(sd: Path) -> list[dict]:
-    return [e["payload"] for e in _records(sd) if e["topic"] == "session.transition"]
-
-
-def _records(sd: Path) -> list[dict]:
-    return [json.loads(line) for line in (sd / "events.jsonl").read_text().splitlines()]
+transitions = kit.transitions
 
 
 def check_after_kill(ws: Path) -> None:
-    """What must hold at any instant: metadata parses (plainly and strictly); every line
-    of the bus but a torn last one is a record."""
-    sd = session_dir(ws)
-    assert isinstance(yaml.safe_load((sd / "metadata.yaml").read_text()), dict)
-    session_store.load(str(ws), SID)  # the strict loader: raises on anything malformed
-    data = (sd / "events.jsonl").read_text()
-    lines = data.split("\n")
-    complete = lines[:-1]  # the part after the last newline is a torn line, or empty
-    for line in complete:
-        assert isinstance(json.loads(line), dict), line
+    kit.check_after_kill(ws, SID)
 
 
 def check_finished(ws: Path) -> dict:
-    """Invariants of a finished session; returns what must equal an uninterrupted run."""
-    sd = session_dir(ws)
-    check_after_kill(ws)
-    text = (sd / "events.jsonl").read_text()
-    assert text.endswith("\n"), "a torn line is left at the end of events.jsonl"
-    records = _records(sd)  # every line parses
-    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
-    log = transitions(sd)
-    assert [t["n"] for t in log] == list(range(1, len(log) + 1)), \
-        f"one record per transition, numbered without gaps: {[t['n'] for t in log]}"
-    state = State.PLANNING
-    for t in log:
-        assert t["from"] == state.value, f"{t} does not follow {state}"
-        assert any(row.trigger == t["trigger"] and state in row.sources
-                   and row.dest.value == t["to"] for row in TRANSITIONS), f"not in the table: {t}"
-        state = State(t["to"])
-    meta = metadata(sd)
-    assert meta["orchestrator"]["state"] == state.value
-    assert meta["orchestrator"]["transitions"] == len(log)
-    assert (sd / "summary.md").exists()
-    assert session_store.running_pid(str(sd)) is None
-    assert not list((sd / "signals" / "processed").glob("*.taken"))
-    return outcome(ws)
+    return kit.check_finished(ws, SID)
 
 
 def outcome(ws: Path) -> dict:
-    sd = session_dir(ws)
-    meta = metadata(sd)
-    files = {}
-    for pattern in ("iterations/*/tasks/*", "iterations/*/reviews/*", "iterations/*/plan.md",
-                    "iterations/*/knowledge/*"):
-        for p in sd.glob(pattern):
-            if p.is_file() and not p.name.startswith("."):
-                files[str(p.relative_to(sd))] = _without_times(p)
-    for root in (ws / ".docs", ws / "demo-project"):
-        for p in root.rglob("*"):
-            if p.is_file() and not p.name.startswith("."):
-                files[str(p.relative_to(ws))] = p.read_text()
-    iterations = {}
-    for it in (sd / "iterations").iterdir():
-        im = yaml.safe_load((it / "metadata.yaml").read_text())
-        iterations[it.name] = {k: im.get(k) for k in (
-            "tasks_defined", "librarian_done", "knowledge_staged", "knowledge_decision",
-            "rejections", "tasks_before")}
-        iterations[it.name]["planned"] = im.get("planning_completed_at") is not None
-        iterations[it.name]["completed"] = im.get("completed_at") is not None
-    return {"status": meta["status"], "state": meta["orchestrator"]["state"],
-            "iteration": meta["iteration"], "tasks": meta["tasks"],
-            "progress": progress_markers(sd), "iterations": iterations, "files": files,
-            "transitions": [(t["from"], t["trigger"], t["to"]) for t in transitions(sd)]}
-
-
-def _without_times(p: Path) -> str:
-    if p.name == "promoted.yaml":  # its `at` is the time of the run
-        doc = yaml.safe_load(p.read_text())
-        doc.pop("at", None)
-        return yaml.safe_dump(doc)
-    return p.read_text()
+    return kit.outcome(ws, SID)
 
 
 # --- the uninterrupted run every crashed one is compared with ---
@@ -211,10 +125,6 @@ def choose_points(writes: list[Write], target: int = 22) -> list[Write]:
             chosen[w.n] = w
     return sorted(chosen.values())
 
-
-def run_all(fn, items) -> list[str]:
-    with ThreadPoolExecutor(WORKERS) as pool:
-        return [f for f in pool.map(fn, items) if f]
 
 
 # --- the kill matrix ---

@@ -1,0 +1,142 @@
+"""What the crash suites (test_crash, test_matrix, test_torn) check on a session a kill
+left behind, and on the session once resumed to its end. Shared, so every suite holds a
+session to the same invariants.
+
+Functions take the workspace and the session id: the session is
+`<ws>/.ralph-sessions/<sid>`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+import session_store
+from conftest import metadata, progress_markers
+from engine.machine import TRANSITIONS
+from states import State
+
+KILLED = -signal.SIGKILL
+WORKERS = max(2, min(4, os.cpu_count() or 2))
+
+
+class Write(NamedTuple):
+    n: int
+    kind: str
+    path: str   # relative to the session dir (or the workspace for files outside it)
+
+
+def session_dir(ws: Path, sid: str) -> Path:
+    return ws / ".ralph-sessions" / sid
+
+
+def read_trace(trace: Path, ws: Path, sid: str) -> list[Write]:
+    """The writes of a RALPH_TEST_WRITE_TRACE file, paths made relative."""
+    writes = []
+    for line in trace.read_text().splitlines():
+        n, _pid, kind, path = line.split(" ", 3)
+        p = Path(path)
+        for root in (session_dir(ws, sid), ws):
+            if p.is_relative_to(root):
+                p = p.relative_to(root)
+                break
+        writes.append(Write(int(n), kind, str(p)))
+    return writes
+
+
+def records(sd: Path) -> list[dict]:
+    return [json.loads(line) for line in (sd / "events.jsonl").read_text().splitlines()]
+
+
+def transitions(sd: Path) -> list[dict]:
+    return [e["payload"] for e in records(sd) if e["topic"] == "session.transition"]
+
+
+def check_after_kill(ws: Path, sid: str) -> None:
+    """What must hold at any instant: metadata parses (plainly and strictly); every line
+    of the bus but a torn last one is a record."""
+    sd = session_dir(ws, sid)
+    assert isinstance(yaml.safe_load((sd / "metadata.yaml").read_text()), dict)
+    session_store.load(str(ws), sid)  # the strict loader: raises on anything malformed
+    data = (sd / "events.jsonl").read_text()
+    lines = data.split("\n")
+    complete = lines[:-1]  # the part after the last newline is a torn line, or empty
+    for line in complete:
+        assert isinstance(json.loads(line), dict), line
+
+
+def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", "demo-project")) -> dict:
+    """Invariants of a finished session; returns what must equal an uninterrupted run."""
+    sd = session_dir(ws, sid)
+    check_after_kill(ws, sid)
+    text = (sd / "events.jsonl").read_text()
+    assert text.endswith("\n"), "a torn line is left at the end of events.jsonl"
+    recs = records(sd)  # every line parses
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+    log = transitions(sd)
+    assert [t["n"] for t in log] == list(range(1, len(log) + 1)), \
+        f"one record per transition, numbered without gaps: {[t['n'] for t in log]}"
+    state = State.PLANNING
+    for t in log:
+        assert t["from"] == state.value, f"{t} does not follow {state}"
+        assert any(row.trigger == t["trigger"] and state in row.sources
+                   and row.dest.value == t["to"] for row in TRANSITIONS), f"not in the table: {t}"
+        state = State(t["to"])
+    meta = metadata(sd)
+    assert meta["orchestrator"]["state"] == state.value
+    assert meta["orchestrator"]["transitions"] == len(log)
+    assert (sd / "summary.md").exists()
+    assert session_store.running_pid(str(sd)) is None
+    assert not list((sd / "signals" / "processed").glob("*.taken"))
+    return outcome(ws, sid, roots)
+
+
+def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", "demo-project")) -> dict:
+    """What a finished session must share with an uninterrupted run of the same scenario:
+    status, tasks, progress, iteration records, the files the work produced, the path."""
+    sd = session_dir(ws, sid)
+    meta = metadata(sd)
+    files = {}
+    for pattern in ("iterations/*/tasks/*", "iterations/*/reviews/*", "iterations/*/plan.md",
+                    "iterations/*/knowledge/*"):
+        for p in sd.glob(pattern):
+            if p.is_file() and not p.name.startswith("."):
+                files[str(p.relative_to(sd))] = _without_times(p)
+    for root in roots:
+        for p in (ws / root).rglob("*"):
+            if p.is_file() and not p.name.startswith("."):
+                files[str(p.relative_to(ws))] = p.read_text()
+    iterations = {}
+    for it in (sd / "iterations").iterdir():
+        im = yaml.safe_load((it / "metadata.yaml").read_text())
+        iterations[it.name] = {k: im.get(k) for k in (
+            "tasks_defined", "librarian_done", "knowledge_staged", "knowledge_decision",
+            "rejections", "tasks_before")}
+        iterations[it.name]["planned"] = im.get("planning_completed_at") is not None
+        iterations[it.name]["completed"] = im.get("completed_at") is not None
+    return {"status": meta["status"], "state": meta["orchestrator"]["state"],
+            "iteration": meta["iteration"], "tasks": meta["tasks"],
+            "progress": progress_markers(sd), "iterations": iterations, "files": files,
+            "transitions": [(t["from"], t["trigger"], t["to"]) for t in transitions(sd)]}
+
+
+_TIMED = {"promoted.yaml", "carried_from.yaml"}   # their `at` is the time of the run
+
+
+def _without_times(p: Path) -> str:
+    if p.name in _TIMED:
+        doc = yaml.safe_load(p.read_text())
+        doc.pop("at", None)
+        return yaml.safe_dump(doc)
+    return p.read_text()
+
+
+def run_all(fn, items, workers: int = WORKERS) -> list[str]:
+    """fn(item) -> a failure message or None, on a few threads; the failures."""
+    with ThreadPoolExecutor(workers) as pool:
+        return [f for f in pool.map(fn, items) if f]

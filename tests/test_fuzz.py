@@ -1,0 +1,1097 @@
+"""Issue 8: hypothesis fuzzing of every input a user or an agent controls.
+
+ralph.yml, `ralph emit` argv and payloads, the event schemas, answers and question ids,
+session ids and signal targets (through the store and the CLI, in-process), Telegram
+updates (through the bot's own update handler, with a stand-in Bot object), the event
+bus's file contents, and knowledge promotion records. Pure functions run in-process;
+two real sessions check what an agent can plant: garbage events on the topics the engine
+reads, and symlinks in the session directory (signals, questions, answers, knowledge,
+scratchpad, guidance, logs, the engine's own temp files).
+
+Every generated case is counted (`CASES`); the last test checks that the file ran at
+least 10,000 of them. tests/test_signals.py fuzzes signal files themselves: not again here.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import io
+import json
+import math
+import os
+import re
+import signal as os_signal
+import stat
+import tempfile
+import types
+import typing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import attrs
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FAST, base_env, events, metadata, spawn, wait_for, write_config, \
+    write_scenario
+from engine import config as cfg
+from engine import emit, event_schemas
+from session_store import BadInput, append_event, check_id, create, load, questions, \
+    read_events, resolve_id, signals
+
+HYPOTHESIS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CASES: collections.Counter = collections.Counter()   # generated cases run, per test
+BUDGET: dict[str, int] = {}                           # max_examples, per test
+
+
+def budget(name: str, n: int) -> dict:
+    BUDGET[name] = n
+    return dict(max_examples=n, **HYPOTHESIS)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Hung(BaseException):
+    """Not an Exception: code under test that catches Exception must not swallow it."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str):
+    """Fail (instead of hanging the suite) when one case takes longer than `seconds`."""
+    def expired(_signum, _frame):
+        raise Hung(f"{what}: still running after {seconds}s")
+    previous = os_signal.signal(os_signal.SIGALRM, expired)
+    os_signal.setitimer(os_signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        os_signal.setitimer(os_signal.ITIMER_REAL, 0)
+        os_signal.signal(os_signal.SIGALRM, previous)
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every path under `root` (symlinks not followed) with its kind and content."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st_ = os.lstat(p)
+            if stat.S_ISREG(st_.st_mode):
+                with open(p, "rb") as f:
+                    out[os.path.relpath(p, root)] = ("f", f.read())
+            elif stat.S_ISLNK(st_.st_mode):
+                out[os.path.relpath(p, root)] = ("l", os.readlink(p))
+            else:
+                out[os.path.relpath(p, root)] = ("d", None)
+    return out
+
+
+# --- generated values shared by several tests ---
+
+HUGE_INTS = st.sampled_from([10 ** 20, -(10 ** 20), 10 ** 400, 2 ** 63, -(2 ** 63) - 1])
+NUMBERS = (st.integers() | HUGE_INTS | st.floats()
+           | st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324]))
+SCALARS = st.none() | st.booleans() | NUMBERS | st.text(max_size=20) | st.binary(max_size=8)
+JUNK = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=3),
+                    max_leaves=6)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | HUGE_INTS | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3), max_leaves=8)
+TRAVERSAL = ["..", ".", "../x", "../../x", "../../../outside", "/etc/passwd", "/tmp/x",
+             "a/../../b", "a/b", "x\x00y", "\x00", "", " ", "a" * 64, "a" * 65, "a" * 5000,
+             "s1/../s1", "s1\n", " s1", "s1 ", "-rf", ".hidden", "a\\b", "é", "ＡＢ", "٣",
+             "q1/", "~", "~root", "$HOME", "`id`", "a;b", "CON", "a\u202eb", "\ud7ff"]
+IDS = (st.from_regex(ID_RE, fullmatch=True) | st.text(max_size=70)
+       | st.sampled_from(TRAVERSAL) | st.text(alphabet="./\\-_a1\x00", max_size=12))
+
+
+# --- ralph.yml ---
+
+MAX_SECONDS = 1e9
+
+
+def _strategy_for(tp):
+    origin = typing.get_origin(tp)
+    if attrs.has(tp):
+        return _doc_for(tp)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*[_strategy_for(a) for a in typing.get_args(tp)])
+    if tp is type(None):
+        return st.none()
+    if origin is list:
+        return st.lists(_strategy_for(typing.get_args(tp)[0]), max_size=3)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return st.sampled_from([m.value for m in tp]) | st.text(max_size=8)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.integers() | HUGE_INTS
+    if tp is float:
+        return NUMBERS
+    if tp is str:
+        return st.text(max_size=20)
+    raise AssertionError(f"no strategy for {tp!r}")
+
+
+def _doc_for(cls):
+    hints = typing.get_type_hints(cls, vars(cfg), vars(cfg))
+    good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in attrs.fields(cls)}
+    known = st.fixed_dictionaries({}, optional=good)
+    unknown = st.dictionaries(st.text(min_size=1, max_size=8), JUNK, max_size=1)
+    return st.builds(lambda k, u: {**k, **u}, known, unknown) | known
+
+
+CONFIG_DOCS = st.deferred(lambda: _doc_for(cfg.Config)) | JUNK
+
+YAML_TOKENS = [".nan", ".NaN", ".inf", "-.inf", "1e400", "1.0e400", "9" * 5000, "-" + "9" * 5000,
+               "0b" + "1" * 20000, "-0b" + "1" * 20000, "0x" + "f" * 3000, "2001-13-45",
+               "2001-02-30 25:61:61", "[", "{", "&a [*a]", "!!binary aGk=", "~", "yes", "0o17",
+               "!!python/object/apply:os.system [id]", "'quoted'", '"\\x00"', "*undefined",
+               "!!int 3.5", "!!float abc", "!!timestamp 2001-13-45", "[" * 3000, "|\n  block",
+               "- a\n- b", "{a: 1, a: 2}", "? [a]\n: b", "\t", "\x00", "\ufeff", "%YAML 1.1",
+               "--- \n...", "@", "`", "1_000", "0x_", "+.inf", "12:30:45", "-1", "0", "1e-400"]
+TEMPLATE = (Path(cfg.__file__).parent / "ralph.yml.template").read_text()
+TEMPLATE_VALUES = [i for i, line in enumerate(TEMPLATE.splitlines())
+                   if re.match(r"\s*\w+: \S", line) and not line.lstrip().startswith("#")]
+
+
+def _mutate_template(line_no: int, token: str) -> str:
+    lines = TEMPLATE.splitlines()
+    key = lines[line_no].split(":", 1)[0]
+    lines[line_no] = f"{key}: {token}"
+    return "\n".join(lines) + "\n"
+
+
+def _bomb(section: str, field: str) -> str:
+    """~600 bytes that YAML expands to 9**9 items through aliases, as `section.field`."""
+    lines, prev = ["- &a [x, x, x, x, x, x, x, x, x]"], "a"
+    for i in range(1, 9):
+        lines.append(f"- &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]")
+        prev = f"b{i}"
+    return "_anchors:\n" + "\n".join(f"  {line}" for line in lines) + \
+        f"\n{section}:\n  {field}: *{prev}\n"
+
+
+SPECIAL_CONFIGS = [
+    b"", b"\n", b"null", b"[]", b"- 1\n", b"42", b"\xff\xfe\x00", b"\x00", b"\xef\xbb\xbfagent: {}\n",
+    b"agent: !!python/object/apply:os.system [id]\n", b"agent: &a {command: [*a]}\n",
+    b"agent: {command: " + b"[" * 20000 + b"]" * 20000 + b"}\n",
+    b"agent: " + b"{a: " * 3000 + b"1" + b"}" * 3000 + b"\n",
+    b"agent:\n  backend: demo\n---\nagent: {}\n", b"RObot: {telegram: {allowed_chat_ids: [1e400]}}\n",
+    b"RObot: {enabled: true, telegram: {bot_token: 'x:y', allowed_chat_ids: []}}\n",
+    *(_bomb(s, f).encode() for s, f in (("agent", "backend"), ("knowledge", "approval"),
+                                        ("RObot", "on_timeout"), ("agent", "prompt_mode"),
+                                        ("agent", "timeout_seconds"), ("agent", "command"))),
+]
+
+CONFIG_BYTES = (st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
+                | st.builds(_mutate_template, st.sampled_from(TEMPLATE_VALUES),
+                            st.sampled_from(YAML_TOKENS) | st.text(max_size=30)).map(str.encode)
+)
+
+
+def _check_config(raw) -> cfg.Config | None:
+    """parse returns a sane Config or a one-file, `$.path` BadInput; nothing else."""
+    with time_limit(10, "config.parse"):
+        try:
+            config = cfg.parse(raw, "ralph.yml")
+        except BadInput as e:
+            message = str(e)
+            first = message.splitlines()[0]
+            assert first.startswith("ralph.yml: "), message[:300]
+            assert "$" in first or "not valid YAML" in first, message[:300]
+            assert len(message) < 4000, message[:300]
+            return None
+    _assert_sane(config, "$")
+    return config
+
+
+def _assert_sane(obj, path: str) -> None:
+    if attrs.has(type(obj)):
+        for f in attrs.fields(type(obj)):
+            _assert_sane(getattr(obj, f.name), f"{path}.{f.name}")
+    elif isinstance(obj, float):
+        assert math.isfinite(obj), f"{path} = {obj} accepted"
+        if path.endswith("_seconds"):
+            assert 0 <= obj <= MAX_SECONDS, f"{path} = {obj} accepted"
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            _assert_sane(item, f"{path}[{i}]")
+
+
+@settings(**budget("config_data", 1500))
+@given(doc=CONFIG_DOCS)
+def test_config_parse_of_generated_mappings(doc):
+    CASES["config_data"] += 1
+    try:
+        text = yaml.safe_dump(doc, allow_unicode=True)
+    except yaml.YAMLError:
+        text = json.dumps(doc, default=str)
+    config = _check_config(text)
+    if config is not None:   # a valid config is a fixed point
+        again = cfg.parse(yaml.safe_dump(cfg.to_data(config)), "ralph.yml")
+        assert cfg.to_data(again) == cfg.to_data(config)
+
+
+@settings(**budget("config_bytes", 1000))
+@given(raw=CONFIG_BYTES)
+def test_config_parse_of_generated_bytes(raw):
+    CASES["config_bytes"] += 1
+    _check_config(raw)
+
+
+@pytest.mark.parametrize("raw", SPECIAL_CONFIGS)
+def test_config_parse_of_hostile_files(raw):
+    """Deep nesting, alias bombs in every kind of field, tags, BOMs, NUL bytes."""
+    _check_config(raw)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("RObot: {timeout_seconds: .nan}", "$.RObot.timeout_seconds"),
+    ("RObot: {timeout_seconds: .inf}", "$.RObot.timeout_seconds"),
+    ("knowledge: {timeout_seconds: 1.0e+12}", "$.knowledge.timeout_seconds"),
+    ("agent: {timeout_seconds: -.inf}", "$.agent.timeout_seconds"),
+    ("event_loop: {max_cost_usd: .nan}", "$.event_loop.max_cost_usd"),
+    ("event_loop: {max_iterations: -" + "9" * 5000 + "}", "not valid YAML"),
+    ("event_loop: {max_iterations: -0b" + "1" * 20000 + "}", "$.event_loop.max_iterations"),
+    ("fallback: {no_progress_minutes: .nan}", "$.fallback.no_progress_minutes"),
+    ("knowledge: {approval: 2001-13-45}", "not valid YAML"),
+    (_bomb("agent", "backend"), "$.agent.backend"),
+])
+def test_config_refuses_what_would_crash_a_session_later(text, where):
+    """NaN, infinite or absurd durations used to pass and crash the engine at the first
+    deadline (timedelta(seconds=nan)); huge digit strings and impossible dates escaped as
+    ValueError; an alias bomb in an enum field hung `ralph validate` printing it."""
+    with time_limit(10, "config.parse"):
+        with pytest.raises(BadInput) as e:
+            cfg.parse(text, "ralph.yml")
+    assert where in str(e.value) and str(e.value).startswith("ralph.yml: ")
+    assert len(str(e.value)) < 1000
+
+
+# --- `ralph emit` and the event schemas ---
+
+TOPICS = (st.from_regex(emit.TOPIC, fullmatch=True) | st.text(max_size=30)
+          | st.sampled_from(["blocker", "confidence", "build.done", "plan.ready", "LOOP_COMPLETE",
+                             "human.interact", "a" * 201, ".x", "x.", "x..y", "-x", "x y",
+                             "x\n", "--json", "-h", "", "é.x", "blocker.x"]))
+BLOCKER = st.fixed_dictionaries(
+    {"type": st.text(max_size=10), "timestamp": st.sampled_from(
+        ["2025-01-01T00:00:00Z", "2025-01-01", "nope", "", "2025-13-01T00:00:00"]),
+     "attempting": st.text(max_size=10), "cause": st.text(max_size=10),
+     "attempted_resolution": st.lists(st.text(max_size=5), max_size=2),
+     "interpretation": st.text(max_size=10)},
+    optional={"project": st.none() | st.text(max_size=5), "issue": st.integers() | st.text(),
+              "extra": JSONISH})
+CONFIDENCE = st.dictionaries(
+    st.sampled_from(event_schemas.UNIT_FIELDS + ("complexity", "approaches", "missing", "other")),
+    NUMBERS | st.lists(st.text(max_size=5), max_size=2) | JSONISH, max_size=4)
+PAYLOADS = (JSONISH | BLOCKER | CONFIDENCE
+            | st.builds(lambda d, k, v: {**d, k: v}, BLOCKER, st.sampled_from(
+                list(event_schemas.BLOCKER_FIELDS)), JSONISH))
+
+
+def _json_text(value) -> str:
+    return json.dumps(value)   # NaN and Infinity as Python writes them: not JSON
+
+
+JSON_TEXTS = (PAYLOADS.map(_json_text) | st.text(max_size=40)
+              | st.sampled_from(["NaN", "Infinity", "-Infinity", '{"risk": NaN}',
+                                 '{"complexity": Infinity}', "[" * 100000, "{\"a\":" * 50000,
+                                 "1" * 5000, "", " ", "null", '"\\ud800"', '{"a": 1, "a": 2}',
+                                 "\ufeff{}", "[1,]", "{'a': 1}", '{"x": 1e999}', '"\\ud800"',
+                                 '{"a": "\\udfff"}', '"\\ud83d\\ude00"']))
+ARGV = st.one_of(
+    st.lists(st.text(max_size=20) | st.sampled_from(["--json", "--json=", "-h", "--help",
+                                                     "bad \udcff byte", '"\\ud800"']),
+             max_size=5),
+    st.tuples(TOPICS, st.text(max_size=40)).map(list),
+    st.tuples(TOPICS).map(list),
+    st.tuples(TOPICS, JSON_TEXTS).map(lambda t: [t[0], "--json", t[1]]),
+    st.tuples(TOPICS, JSON_TEXTS).map(lambda t: [t[0], "--json=" + t[1]]),
+    st.tuples(st.sampled_from(["blocker", "confidence"]), JSON_TEXTS).map(
+        lambda t: [t[0], "--json", t[1]]),
+    st.tuples(TOPICS, st.text(max_size=10), JSON_TEXTS).map(lambda t: [t[0], t[1], "--json", t[2]]),
+)
+
+
+def _asks_for_help(argv: list[str]) -> bool:
+    it = iter(argv)
+    for arg in it:
+        if arg == "--json":
+            next(it, None)
+        elif arg in ("-h", "--help"):
+            return True
+    return False
+
+
+@settings(**budget("emit_argv", 2000))
+@given(argv=ARGV)
+def test_emit_parse_args_returns_or_says_why(argv):
+    CASES["emit_argv"] += 1
+    out = io.StringIO()
+    with time_limit(10, "emit.parse_args"), contextlib.redirect_stdout(out):
+        try:
+            topic, payload = emit.parse_args(argv)
+        except emit.EmitError as e:
+            assert str(e).strip() and len(str(e)) < 2000
+            return
+        except SystemExit as e:
+            assert e.code == 0 and _asks_for_help(argv), argv
+            assert emit.USAGE in out.getvalue()
+            return
+    assert not _asks_for_help(argv)
+    assert emit.TOPIC.fullmatch(topic) and len(topic) <= 200
+    json.dumps(payload, allow_nan=False)   # what lands on the bus is standard JSON
+    if topic in event_schemas.VALIDATORS:
+        assert event_schemas.VALIDATORS[topic](payload) is None
+
+
+@pytest.mark.parametrize("argv", [["x", "--json", "[" * 100000], ["x", "--json", "NaN"],
+                                  ["x", "--json", '{"a": -Infinity}'],
+                                  ["confidence", "--json", '{"complexity": Infinity}'],
+                                  ["confidence", "--json", '{"complexity": NaN}']])
+def test_emit_refuses_deep_json_and_non_json_numbers(argv):
+    """A deeply nested --json raised RecursionError (a traceback for the agent); NaN and
+    Infinity were written to the bus, which then was not JSON for other readers."""
+    with pytest.raises(emit.EmitError):
+        emit.parse_args(argv)
+
+
+@settings(**budget("event_schemas", 1500))
+@given(payload=PAYLOADS | JUNK)
+def test_event_schema_validators_never_raise(payload):
+    CASES["event_schemas"] += 1
+    for name, validate in event_schemas.VALIDATORS.items():
+        problem = validate(payload)
+        assert problem is None or (isinstance(problem, str) and problem.startswith("$")), problem
+        if problem is None and name == "confidence":
+            for key, value in payload.items():
+                if key in ("approaches", "missing"):
+                    assert all(isinstance(v, str) for v in value)
+                else:
+                    assert type(value) is int or (type(value) is float and math.isfinite(value)), \
+                        (key, value)
+        if problem is None and name == "blocker":
+            assert all(k in payload for k in event_schemas.BLOCKER_REQUIRED)
+
+
+# --- answers and question ids ---
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """A workspace with session s1 and a pending question q1."""
+    ws = tmp_path_factory.mktemp("fuzzstore")
+    session = create(str(ws), "fuzz objective", now=now(), session_id="s1")
+    _ask(session.dir, "q1")
+    return ws
+
+
+def _ask(session_dir: str, qid: str, text: str = "Which one?") -> questions.Question:
+    t = now()
+    return questions.ask(session_dir, questions.Question(
+        id=qid, text=text, asked_at=t, deadline=t + timedelta(hours=1), on_timeout="continue",
+        context=questions.QuestionContext(session="s1", state="PLANNING", iteration=1)))
+
+
+ANSWER_TEXTS = (st.text() | st.text(alphabet=st.characters(max_codepoint=0x20), max_size=50)
+                | st.builds(lambda c, n: c * n, st.characters(), st.sampled_from([5000, 70_000]))
+                | st.sampled_from(["", "\x00", "\r\n", "\r", "\u2028", "\u2029", "\x85", "\ufeff",
+                                   "---", "...", "null", "~", "yes", "0x1F", "1e400", ".nan",
+                                   "!!python/object/apply:os.system [id]", "&a", "*a", "'", '"',
+                                   "\\", " lead and trail ", "\t", "#", "- item", "key: value",
+                                   "\U0010ffff", "\ue000", "%", "@", "`", "|", ">", "\x7f",
+                                   "\x1b[31mred\x1b[0m", "a\x00b\nc"]))
+_answer_no = iter(range(10 ** 9))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+@settings(**budget("answer_text", 400))
+@given(text=ANSWER_TEXTS)
+def test_answer_keeps_any_text_exactly_and_the_first_answer_wins(store, text):
+    CASES["answer_text"] += 1
+    sdir = str(store / ".ralph-sessions/s1")
+    qid = f"qa{next(_answer_no)}"
+    _ask(sdir, qid)
+    if not _utf8(text):   # half a surrogate pair: from argv bytes, or a JSON "\ud800"
+        with pytest.raises(BadInput, match="UTF-8"):
+            questions.answer(sdir, qid, text, now=now(), channel="cli")
+        assert not Path(sdir, "answers", f"{qid}.yaml").exists()
+        Path(sdir, "questions", f"{qid}.yaml").unlink()
+        return
+    result = questions.answer(sdir, qid, text, now=now(), channel="cli")
+    assert result.text == text
+    path = Path(sdir, "answers", f"{qid}.yaml")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert questions.read_answer(sdir, qid).text == text
+    before = path.read_bytes()
+    with pytest.raises(BadInput, match="already answered"):
+        questions.answer(sdir, qid, "second", now=now())
+    assert path.read_bytes() == before
+    path.unlink()
+    Path(sdir, "questions", f"{qid}.yaml").unlink()
+
+
+@settings(**budget("question_ids", 800))
+@given(qid=IDS)
+def test_bad_question_ids_are_refused_and_write_nothing_anywhere(store, qid):
+    CASES["question_ids"] += 1
+    sdir = store / ".ralph-sessions/s1"
+    valid = bool(ID_RE.fullmatch(qid))
+    if valid:
+        assert check_id(qid, "question id") == qid
+    else:
+        with pytest.raises(BadInput):
+            check_id(qid, "question id")
+    before = tree(store)
+    try:
+        questions.answer(str(sdir), qid, "an answer", now=now())
+    except BadInput:
+        pass
+    else:
+        assert valid and qid == "q1"   # the one question there is
+        Path(sdir, "answers/q1.yaml").unlink()
+    for fn in (questions.load_question, questions.read_answer):
+        try:
+            fn(str(sdir), qid)
+        except BadInput:
+            pass
+    assert tree(store) == before
+
+
+def test_a_question_file_naming_another_id_is_refused(tmp_path):
+    """questions/<QID>.yaml whose `id` says `../../x`: saving it (a status change, a
+    cancel on resume) wrote `x.yaml` outside the session; now it is not a question."""
+    session = create(str(tmp_path), "o", now=now(), session_id="s1")
+    q = _ask(session.dir, "q1")
+    doc = yaml.safe_load(Path(session.dir, "questions/q1.yaml").read_text())
+    for forged in ("../../escaped", "/tmp/escaped-absolute", "q2"):
+        doc["id"] = forged
+        Path(session.dir, "questions/q1.yaml").write_text(yaml.safe_dump(doc))
+        with pytest.raises(BadInput):
+            questions.load_question(session.dir, "q1")
+        assert questions.questions(session.dir) == []
+        with pytest.raises(BadInput):
+            questions.answer(session.dir, "q1", "text", now=now())
+        if forged != "q2":   # a path, not an id: no file is written for it
+            with pytest.raises(BadInput):
+                questions.save_question(session.dir, attrs.evolve(q, id=forged))
+    assert not list(tmp_path.rglob("escaped*")) and not Path("/tmp/escaped-absolute.yaml").exists()
+
+
+# --- session ids and targets ---
+
+@settings(**budget("check_id", 2000))
+@given(value=IDS)
+def test_check_id_accepts_exactly_the_id_pattern(value):
+    CASES["check_id"] += 1
+    if ID_RE.fullmatch(value):
+        assert check_id(value) == value
+        assert "/" not in value and "\x00" not in value and value not in (".", "..")
+        assert len(value) <= 64
+    else:
+        with pytest.raises(BadInput) as e:
+            check_id(value)
+        assert "expected [A-Za-z0-9]" in str(e.value)
+
+
+TARGETS = (st.sampled_from(list(signals.TARGETS)).flatmap(lambda t: st.sampled_from(
+    [t, t.lower(), t.upper(), "Ralph-" + t, "ralph-" + t.lower(), "RALPH-" + t, " " + t, t + "\n",
+     "Ralph-Ralph-" + t, t[:-1]])) | IDS)
+
+
+@settings(**budget("targets", 1000))
+@given(target=TARGETS, kind=st.sampled_from(list(signals.TYPES) + ["steer", "x", ""]))
+def test_targets_are_canonical_or_refused(target, kind):
+    CASES["targets"] += 1
+    canonical = signals.canonical_target(target)
+    assert canonical is None or canonical in signals.TARGETS
+    try:
+        signal = signals.validate({"type": kind, "target": target, "message": "m"})
+    except BadInput as e:
+        assert str(e).startswith("$.")
+        return
+    assert signal.target == canonical and signal.target in signals.TARGETS
+
+
+@settings(**budget("session_ids", 300))
+@given(sid=IDS)
+def test_session_ids_never_leave_the_sessions_dir(tmp_path_factory, sid):
+    CASES["session_ids"] += 1
+    base = tmp_path_factory.getbasetemp() / "sids"
+    ws = base / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    before = tree(base)
+    root = ws / ".ralph-sessions"
+    try:
+        session = create(str(ws), "o", now=now(), session_id=sid)   # "": a generated id
+    except BadInput:
+        assert not ID_RE.fullmatch(sid) or (root / sid).exists()
+        after = tree(base)
+        assert {k for k in after if k not in before} <= {"ws/.ralph-sessions"}
+    else:
+        assert ID_RE.fullmatch(sid) or sid == ""
+        sid = sid or session.id
+        assert Path(session.dir).parent == root and Path(session.dir).name == sid
+        assert os.path.realpath(session.dir) == os.path.join(os.path.realpath(root), sid)
+        assert load(str(ws), sid).id == sid
+        assert not [k for k in tree(base) if k not in before and not
+                    k.startswith(f"ws/.ralph-sessions/{sid}") and k != "ws/.ralph-sessions"]
+        import shutil
+        shutil.rmtree(session.dir)
+    for fn in (lambda: load(str(ws), sid), lambda: resolve_id(str(ws), sid)):
+        try:
+            fn()
+        except BadInput:
+            pass
+
+
+@settings(**budget("cli_ids", 250))
+@given(value=IDS, which=st.integers(0, 5))
+def test_cli_refuses_bad_ids_and_targets_with_exit_2(store, value, which):
+    from engine import cli
+    CASES["cli_ids"] += 1
+    ws = str(store)
+    argv = [["session", "status", value], ["session", "answer", value, "text"],
+            ["session", "answer", "s1", "text", f"--question={value}"],
+            ["signal", "info", "m", f"--session={value}"],
+            ["signal", "steer", "m", "--session=s1", f"--target={value}"],
+            ["tools", "interact", "progress", "note", f"--session={value}"]][which]
+    argv = argv[:2] + ["--workspace", ws] + argv[2:]
+    before = tree(store)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:   # argparse: an argument it cannot take
+            code = e.code
+    assert code in (0, 2), (argv, code, err.getvalue())
+    assert "Traceback" not in err.getvalue() and "internal error" not in err.getvalue()
+    changed = {k for k, v in tree(store).items() if before.get(k) != v}
+    changed |= {k for k in before if k not in tree(store)}
+    allowed = (".ralph-sessions/s1/signals/inputs/", ".ralph-sessions/s1/answers/q1.yaml",
+               ".ralph-sessions/s1/events.jsonl")
+    assert all(k.startswith(allowed) for k in changed), changed
+    if code == 0 and which in (1, 2):
+        Path(store, ".ralph-sessions/s1/answers/q1.yaml").unlink()
+    for name in os.listdir(store / ".ralph-sessions/s1/signals/inputs"):
+        os.unlink(store / ".ralph-sessions/s1/signals/inputs" / name)
+
+
+NUMBER_TEXTS = st.one_of(
+    st.floats().map(repr), st.integers().map(str), HUGE_INTS.map(str), st.text(max_size=8),
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "1e9", "1e9001", "0", "-0", "0.0",
+                     "1e-400", "5e-324", "0x10", "1_000", "", " 5", "5 ", "\u0661\u0662", "1e9",
+                     "1000000000.5", "999999999", "3.5", "-1", "+2"]))
+NUMBER_FLAGS = {"--max-iterations": (["session", "resume", "x"], "max_iterations", None),
+                "--max-runtime": (["session", "resume", "x"], "max_runtime", 1e9),
+                "--max-cost": (["session", "start", "obj"], "max_cost", None),
+                "--timeout": (["tools", "interact", "ask", "q"], "timeout", 1e9)}
+_PARSER = []
+
+
+@settings(**budget("cli_numbers", 400))
+@given(flag=st.sampled_from(sorted(NUMBER_FLAGS)), text=NUMBER_TEXTS)
+def test_cli_number_flags_take_only_finite_positive_numbers(flag, text):
+    """argparse's float() takes nan and inf: `--timeout nan` crashed `ask` with a
+    traceback, `--max-runtime nan` was stored as a limit never reached."""
+    from engine import cli
+    CASES["cli_numbers"] += 1
+    if not _PARSER:
+        _PARSER.append(cli.build_parser())
+    head, dest, most = NUMBER_FLAGS[flag]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = _PARSER[0].parse_args(head + [f"{flag}={text}"])
+        except SystemExit as e:
+            assert e.code == 2 and "Traceback" not in err.getvalue()
+            return
+    value = getattr(args, dest)
+    assert value > 0 and (isinstance(value, int) or math.isfinite(value)), (flag, text)
+    assert most is None or value <= most
+
+
+# --- Telegram updates, through the bot's own handler ---
+
+TOKEN = "123456:FUZZ-MARKER-TOKEN"
+ALLOWED = 111
+BOT_ID = 4242
+
+
+class StandInBot:
+    """What Channel needs of python-telegram-bot's Bot: an id and send_message."""
+    id = BOT_ID
+
+    def __init__(self):
+        self.sent: list[tuple[int, str]] = []
+        self._next = 9000
+
+    async def send_message(self, chat_id, text, **_kwargs):
+        self.sent.append((chat_id, text))
+        self._next += 1
+        return types.SimpleNamespace(message_id=self._next, chat_id=chat_id, text=text)
+
+
+COMMANDS = ["status", "tasks", "tail", "pause", "resume", "stop", "approve", "skip", "help",
+            "start", "frobnicate", "", "STATUS", "status@ralph_test_bot", "tail@", "/"]
+TG_TEXTS = st.one_of(
+    st.text(max_size=80),
+    st.tuples(st.sampled_from(COMMANDS), st.sampled_from(["", " ", " s1", " @s1", " nosuch",
+                                                          " ../x", " 99999999999999999999",
+                                                          " -5", "\n", " s1 s1 s1"]),
+              st.text(max_size=20)).map(lambda t: f"/{t[0]}{t[1]}{t[2]}"),
+    st.tuples(IDS, st.text(max_size=30)).map(lambda t: f"@{t[0]} {t[1]}"),
+    st.builds(lambda c, n: c * n, st.characters(), st.integers(4000, 100_000)),
+    st.sampled_from(["@s1", "@s1 /stop", "@s1 /pause why", "@nosuch hi", "@", "@@s1 x",
+                     "\x00", "\u202e", " ", "\n\n", "/" * 100]))
+USERS = st.fixed_dictionaries({"id": st.sampled_from([BOT_ID, ALLOWED, 7]), "is_bot": st.booleans(),
+                               "first_name": st.just("Ada")})
+HEADERS = st.sampled_from(["Question q1 from session s1\nWhich one?",
+                           "Question q404 from session s1\n", "Question q1 from session nosuch\n",
+                           "Question ../x from session ../y\n", "Question q1 from session s1",
+                           "random text", ""])
+
+
+def _message(draw, depth=0):
+    chat = draw(st.sampled_from([ALLOWED, ALLOWED, -100123, 0, 999, 2 ** 53]))
+    msg = {"message_id": draw(st.integers(1, 10 ** 6)), "date": draw(st.integers(0, 2 ** 31)),
+           "chat": {"id": chat, "type": draw(st.sampled_from(["private", "group", "channel"]))}}
+    if draw(st.booleans()):
+        msg["from"] = draw(USERS)
+    if draw(st.integers(0, 5)):
+        msg["text"] = draw(TG_TEXTS) if depth == 0 else draw(HEADERS)
+    if depth == 0 and draw(st.booleans()):
+        reply = _message(draw, depth + 1)
+        reply["message_id"] = draw(st.sampled_from([5001, 5002, 1, 77777]))
+        reply["chat"] = msg["chat"]
+        msg["reply_to_message"] = reply
+    return msg
+
+
+@st.composite
+def updates(draw):
+    update = {"update_id": draw(st.integers(1, 10 ** 9))}
+    if draw(st.integers(0, 9)):
+        update["message"] = _message(draw)
+    junk = draw(st.integers(0, 4)) == 0   # one field of the wrong type, or missing
+    if junk and "message" in update:
+        msg = update["message"]
+        where = draw(st.sampled_from(["message_id", "date", "chat", "text", "from",
+                                      "reply_to_message", "update_id", "message"]))
+        value = draw(JUNK)
+        if where == "update_id":
+            update["update_id"] = value
+        elif where == "message":
+            update["message"] = value
+        elif draw(st.booleans()):
+            msg.pop(where, None)
+        else:
+            msg[where] = value
+    return update, junk
+
+
+@pytest.fixture(scope="module")
+def telegram_ws(tmp_path_factory):
+    from engine import telegram_bot
+    ws = tmp_path_factory.mktemp("tgfuzz")
+    session = create(str(ws), "telegram fuzz", now=now(), session_id="s1")
+    _ask(session.dir, "q1")
+    outside = tmp_path_factory.mktemp("tgoutside")
+    (outside / "victim.txt").write_text("outside\n")
+    settings_ = telegram_bot.Settings(TOKEN, "http://127.0.0.1:9", [ALLOWED])
+    logs: list[str] = []
+    channel = telegram_bot.Channel(str(ws), settings_, primary="s1", log=logs.append)
+    channel.state.messages[f"{ALLOWED}:5001"] = {"session": "s1", "question": "q1"}
+    channel.bot = StandInBot()
+    channel._cmd_resume = lambda sid, rest: f"(resume of {sid} not started in this test)"
+    loop = asyncio.new_event_loop()
+    yield ws, outside, channel, logs, loop
+    loop.close()
+
+
+async def _handle_and_reply(channel, update):
+    channel._handle(update)
+    if channel._replies:
+        await asyncio.gather(*list(channel._replies))
+
+
+@settings(**budget("telegram", 400))
+@given(drawn=updates())
+def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
+    from telegram import Update
+    CASES["telegram"] += 1
+    ws, outside, channel, logs, loop = telegram_ws
+    data, junk = drawn
+    junk = junk or not _utf8(json.dumps(data, ensure_ascii=False, default=str))
+    sdir = ws / ".ralph-sessions/s1"
+    before, before_outside = tree(ws), tree(outside)
+    channel.bot.sent.clear()
+    try:
+        update = Update.de_json(json.loads(json.dumps(data, default=str)), None)
+    except Exception:
+        # python-telegram-bot refuses it while decoding getUpdates' answer, inside the
+        # poll loop's try: logged, and the bot polls again
+        assert junk
+        update = None
+    if update is not None:
+        message = update.message
+        try:
+            with time_limit(20, "telegram _handle"):
+                loop.run_until_complete(_handle_and_reply(channel, update))
+        except AssertionError:
+            raise
+        except Exception:
+            # only an update of the wrong shape may raise here: the poll loop logs it
+            # ("update N failed") and confirms it, so one bad update never blocks others
+            assert junk, data
+        chat = getattr(message, "chat_id", None) if message is not None else None
+        if chat != ALLOWED:
+            assert tree(ws) == before, "a chat outside allowed_chat_ids changed the store"
+            assert channel.bot.sent == []
+        else:
+            assert {c for c, _t in channel.bot.sent} <= {ALLOWED}
+    assert tree(outside) == before_outside
+    for path, (kind, _content) in tree(ws).items():
+        assert not path.startswith(".ralph-sessions/s1/answers/") or \
+            path == ".ralph-sessions/s1/answers/q1.yaml", path
+        assert kind != "l", path
+    assert not any(TOKEN.split(":")[1] in line for line in logs)
+    for t in channel.bot.sent:
+        assert TOKEN.split(":")[1] not in t[1]
+    # what an allowed chat did is undone, so every case starts from the same store
+    for sub in ("answers", "signals/inputs"):
+        for name in os.listdir(sdir / sub):
+            os.unlink(sdir / sub / name)
+
+
+# --- the event bus ---
+
+RECORD_LINES = st.builds(
+    lambda seq, topic, payload: json.dumps({"seq": seq, "ts": "t", "topic": topic,
+                                            "payload": payload}).encode(),
+    st.integers(-5, 10 ** 6) | st.sampled_from([math.inf, math.nan, 1e300, "7", None, [1], True])
+    | HUGE_INTS, st.text(max_size=10), JSONISH)
+GARBAGE_LINES = st.one_of(
+    st.binary(max_size=100).map(lambda b: b.replace(b"\n", b"")),
+    st.text(max_size=100).map(lambda t: t.replace("\n", "").encode()),
+    JSONISH.map(lambda v: json.dumps(v).encode()),
+    st.sampled_from([b"[" * 100000, b"{\"seq\":" * 30000, b"{\"seq\": Infinity, \"topic\": \"x\"}",
+                     b"{\"seq\": -Infinity, \"topic\": \"x\"}", b"{\"seq\": NaN, \"topic\": \"x\"}",
+                     b"{\"seq\": 1" + b"0" * 5000 + b", \"topic\": \"x\"}", b"\xef\xbb\xbf{}",
+                     b"{\"seq\": 1, \"topic\": \"x\"", b"\x00" * 10, b"x" * 200_000,
+                     b"{\"seq\": 3, \"topic\": \"big\", \"payload\": \"" + b"y" * 150_000 + b"\"}"]))
+BUS = st.lists(RECORD_LINES | GARBAGE_LINES, max_size=8).flatmap(
+    lambda lines: st.tuples(st.just(b"\n".join(lines)), st.sampled_from([b"", b"\n", b"\n\n"]),
+                            st.binary(max_size=20).map(lambda b: b.replace(b"\n", b""))
+                            | st.sampled_from([b"", b"{\"seq\": 9, \"topic\":"]))).map(
+    lambda t: t[0] + t[1] + t[2])
+
+
+@settings(**budget("read_events", 600))
+@given(content=BUS, cut=st.integers(0, 10 ** 6))
+def test_read_events_of_any_file_never_raises(content, cut):
+    CASES["read_events"] += 1
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "events.jsonl").write_bytes(content)
+        with time_limit(20, "read_events"):
+            for offset in (0, min(cut, len(content))):
+                records, end = read_events(d, offset)
+                assert offset <= end <= len(content)
+                assert end == offset or content[end - 1:end] == b"\n"
+                for r in records:
+                    assert isinstance(r, dict) and "seq" in r and "topic" in r
+
+
+@settings(**budget("append_event", 400))
+@given(content=BUS, payload=JSONISH.filter(lambda v: _finite(v)))
+def test_append_after_garbage_leaves_a_parseable_last_line(content, payload):
+    CASES["append_event"] += 1
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "events.jsonl").write_bytes(content)
+        with time_limit(20, "append_event"):
+            record = append_event(d, "fuzz.appended", payload, source="test")
+            second = append_event(d, "fuzz.second", None, source="test")
+        data = Path(d, "events.jsonl").read_bytes()
+        assert data.endswith(b"\n")
+        last, before_last = data.split(b"\n")[-2], data.split(b"\n")[-3]
+        assert json.loads(last) == second and json.loads(before_last) == record
+        assert isinstance(record["seq"], int) and second["seq"] == record["seq"] + 1
+        records, end = read_events(d)
+        assert records[-2:] == [record, second] and end == len(data)
+
+
+def _finite(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+# --- knowledge promotion records ---
+
+class Engine:
+    """What states.knowledge_approval needs of the engine."""
+
+    def __init__(self, session, docs_dir=".docs"):
+        self.session = session
+        self.config = types.SimpleNamespace(knowledge=types.SimpleNamespace(docs_dir=docs_dir))
+        self.clock = types.SimpleNamespace(now=now)
+
+    def iteration(self):
+        it = self.session.iteration()
+        return it, it.load()
+
+    def save_iteration(self, meta):
+        self.session.iteration(meta.iteration).save(meta)
+
+
+PATHS = st.one_of(st.sampled_from(
+    ["knowledge/notes.md", "notes.md", "knowledge/../../../metadata.yaml",
+     "knowledge/../../../../../outside/secret.txt", "/etc/hostname", "../outside/secret.txt",
+     "../../outside/landed.md", ".docs/notes.md", ".docs/../../outside/landed.md",
+     "knowledge/link.md", "knowledge/dirlink/inner.md", ".docs/sub/x.md", "knowledge/", "",
+     "knowledge/notes.md/..", ".docs/../metadata.yaml", "/tmp/promoted-escape.md"]),
+    st.text(alphabet="./ab", max_size=20))
+
+
+@pytest.fixture(scope="module")
+def promote_template(tmp_path_factory) -> Path:
+    """A workspace with session s1 and a directory outside it, copied for every case."""
+    base = tmp_path_factory.mktemp("promote-template")
+    ws, outside = base / "ws", base / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET-OUTSIDE\n")
+    (outside / "dir").mkdir()
+    (outside / "dir" / "inner.md").write_text("SECRET-INNER\n")
+    create(str(ws), "o", now=now(), session_id="s1")
+    return base
+
+
+@settings(**budget("promote", 150))
+@given(entries=st.lists(st.tuples(PATHS, PATHS), max_size=4), forged=st.booleans())
+def test_promotion_moves_only_staged_regular_files_into_the_docs(tmp_path_factory,
+                                                                 promote_template, entries,
+                                                                 forged):
+    import shutil
+    from states import knowledge_approval
+    CASES["promote"] += 1
+    base = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())) / "case"
+    shutil.copytree(promote_template, base, symlinks=True)
+    ws, outside = base / "ws", base / "outside"
+    session = load(str(ws), "s1")
+    knowledge = Path(session.dir, "iterations/1/knowledge")
+    (knowledge / "notes.md").write_text("# notes\n")
+    (knowledge / "link.md").symlink_to(outside / "secret.txt")
+    (knowledge / "dirlink").symlink_to(outside / "dir")
+    if forged:   # what a librarian could write where the engine keeps its record
+        Path(knowledge, "promoted.yaml").write_text(yaml.safe_dump(
+            {"files": [{"staged": s, "promoted_to": p} for s, p in entries]}))
+    before_outside = tree(outside)
+    before_session = {k: v for k, v in tree(Path(session.dir)).items()
+                      if not k.startswith("iterations/1/")}
+    try:
+        knowledge_approval.promote(Engine(session), "fuzz")
+    except BadInput:
+        assert forged
+    assert tree(outside) == before_outside
+    assert not Path("/tmp/promoted-escape.md").exists()
+    for k, v in before_session.items():
+        if k not in ("metadata.yaml", "events.jsonl"):
+            assert tree(Path(session.dir)).get(k) == v, k
+    docs = tree(ws / ".docs") if (ws / ".docs").exists() else {}
+    assert all(kind != "l" for kind, _ in docs.values()), docs
+    assert not any(b"SECRET" in (content or b"") for _, content in docs.values())
+    landed = {k for k, (kind, _) in tree(ws).items() if kind == "f"
+              and not k.startswith(".ralph-sessions/") and not k.startswith(".docs/")}
+    assert not landed, landed
+    if not forged:
+        assert set(docs) == {"notes.md"}
+        assert (knowledge / "link.md").is_symlink()   # ignored: left where it was
+    shutil.rmtree(base.parent)
+
+
+# --- agents: garbage on the topics the engine reads ---
+
+def _drawn(strategy, n: int, name: str) -> list:
+    out = []
+
+    @settings(**budget(name, n))
+    @given(value=strategy)
+    def collect(value):
+        CASES[name] += 1
+        out.append(value)
+    collect()
+    return out
+
+
+ENGINE_TOPICS = ["confidence", "blocker", "cost", "plan.ready", "build.done", "build.blocked",
+                 "task.failed", "human.progress", "verify.passed", "verify.failed",
+                 "review.done", "knowledge.staged", "gate.note", "session.transition",
+                 "LOOP_COMPLETE.x", "task.resume"]
+
+
+@pytest.mark.slow
+def test_a_session_survives_generated_payloads_on_the_topics_it_reads(workspace):
+    """The demo agent appends to the bus directly, as any agent can (no `ralph emit`
+    validation on that path): the engine must judge whatever it finds."""
+    payloads = _drawn(PAYLOADS | JUNK.filter(_finite) | st.fixed_dictionaries(
+        {"usd": NUMBERS.filter(lambda v: not isinstance(v, float) or math.isfinite(v))
+         | st.text(max_size=5)}) | st.fixed_dictionaries({"tasks": JUNK.filter(_finite)}),
+        200, "agent_payloads")
+    payloads = [p for p in payloads if _finite(p)]
+    emitted = [{"topic": ENGINE_TOPICS[i % len(ENGINE_TOPICS)], "json": p}
+               for i, p in enumerate(payloads)]
+    emitted[100:100] = [{"topic": "cost", "json": {"usd": usd}}   # also where drawing may miss
+                        for usd in (10 ** 400, 1e308, 1e308, -1, "1")]
+    steps = [
+        {"role": "planner", "iteration": 1, "emit": emitted[:60] + [{"topic": "plan.ready",
+                                                                     "json": {"tasks": [
+                                                                         {"id": "t1", "title": "T"}]}}]},
+        {"role": "planner", "emit": emitted[60:100] + [{"topic": "LOOP_COMPLETE"}]},
+        {"role": "executor", "emit": emitted[100:] + [{"topic": "build.done", "payload":
+            "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
+            "complexity: 3, duplication: pass"}]},
+        {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
+    ]
+    scenario = write_scenario(workspace, steps)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "fallback": {"enabled": True}, "RObot": {"timeout_seconds": 1}})
+    proc = spawn(workspace, "session", "start", "garbage objective", "--id", "g",
+                 env=base_env(**FAST))
+    out, err = proc.communicate(timeout=120)
+    code = proc.returncode
+    for _ in range(4):   # a blocker or failure may pause it; resume until it ends
+        if code not in (3, 5):
+            break
+        proc = spawn(workspace, "session", "resume", "g", "--max-iterations", "10",
+                     env=base_env(**FAST))
+        out, err = proc.communicate(timeout=120)
+        code = proc.returncode
+    assert code in (0, 3, 4, 5), (code, out[-2000:], err[-3000:])
+    assert "Traceback" not in err and "internal error" not in err, err[-3000:]
+    sd = workspace / ".ralph-sessions/g"
+    assert metadata(sd)["session_id"] == "g"
+    records, _ = read_events(str(sd))   # (conftest's events() splits lines at U+2028 too)
+    assert [e["seq"] for e in records] == list(range(1, len(records) + 1))
+    emitted_payloads = [r["payload"] for r in records if r.get("source") in ("planner", "executor")]
+    assert len(emitted_payloads) >= len(payloads) // 2
+
+
+# --- planted symlinks: nothing outside is read in or written through ---
+
+OUTSIDE_FILES = {"secret.txt": "SECRET-OUTSIDE-FILE\n",
+                 "signal.yaml": "type: STEER\nmessage: SECRET-SIGNAL-VIA-LINK\n",
+                 "guidance.json": json.dumps([{"id": "x", "type": "INFO", "target": "all",
+                                               "message": "SECRET-GUIDANCE-VIA-LINK",
+                                               "at": "2025-01-01T00:00:00+00:00"}]) + "\n",
+                 "victim.txt": "VICTIM-UNCHANGED\n", "log-victim.txt": "LOG-VICTIM-UNCHANGED\n"}
+
+
+def _outside(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name, text in OUTSIDE_FILES.items():
+        (outside / name).write_text(text)
+    (outside / "dir").mkdir()
+    (outside / "dir" / "inner.md").write_text("SECRET-INNER-DIR\n")
+    return outside
+
+
+def _assert_nothing_leaked(ws: Path, outside: Path, before: dict, *outputs: str) -> None:
+    assert tree(outside) == before, "a file outside the workspace changed"
+    for path, (kind, content) in tree(ws).items():
+        if kind == "f":
+            assert b"SECRET" not in content, path
+    docs = ws / ".docs"
+    if docs.exists():
+        assert not [p for p in docs.rglob("*") if p.is_symlink()]
+    for text in outputs:
+        assert "SECRET" not in text
+
+
+@pytest.mark.slow
+def test_symlinks_planted_in_a_running_session_are_refused_or_ignored(workspace, tmp_path):
+    outside = _outside(tmp_path)
+    before = tree(outside)
+    steps = [{"role": "planner", "iteration": 1, "sleep": 2, "emit": [{"topic": "plan.ready",
+              "json": {"tasks": [{"id": "t1", "title": "T"}]}}]},
+             {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+             {"role": "executor", "emit": [{"topic": "build.done", "payload":
+                 "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
+                 "complexity: 3, duplication: pass"}]},
+             {"role": "reviewer", "emit": [{"topic": "review.done",
+                                           "payload": "tests: pass, build: pass"}]},
+             {"role": "librarian", "write_iteration": {"knowledge/notes.md": "# notes\n"},
+              "emit": [{"topic": "knowledge.staged", "payload": "notes"}]}]
+    scenario = write_scenario(workspace, steps)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "fallback": {"enabled": False}})
+    proc = spawn(workspace, "session", "start", "symlink objective", "--id", "s",
+                 env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
+    sd = workspace / ".ralph-sessions/s"
+    wait_for(lambda: list(sd.glob("iterations/1/logs/*-planner.stdout")), timeout=30)
+    # while the planner sleeps: links where the engine reads and writes next
+    (sd / "signals/inputs/signal.000000-000000-000-link.yaml").symlink_to(outside / "signal.yaml")
+    (sd / "scratchpad.md").unlink()
+    (sd / "scratchpad.md").symlink_to(outside / "secret.txt")
+    (sd / "guidance.yaml").symlink_to(outside / "guidance.json")
+    (sd / "iterations/1/knowledge/leak.md").symlink_to(outside / "secret.txt")
+    (sd / "iterations/1/knowledge/dirlink").symlink_to(outside / "dir")
+    for n in range(2, 8):   # the next agents' log files, by their predictable names
+        for role in ("executor-t1", "reviewer-t1", "librarian"):
+            (sd / f"iterations/1/logs/{n:04d}-{role}.stdout").symlink_to(
+                outside / "log-victim.txt")
+    for name in ("metadata.yaml", "scratchpad.md", "guidance.yaml", "iterations/1/metadata.yaml",
+                 "iterations/1/progress.md"):   # the engine's temp files: it has this pid
+        where = sd / name
+        (where.parent / f".{where.name}.{proc.pid}.tmp").symlink_to(outside / "victim.txt")
+    signals.drop(str(sd), "INFO", "real guidance", now=now())   # makes it read both
+    (sd / "questions/qplanted.yaml").symlink_to(outside / "secret.txt")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    _assert_nothing_leaked(workspace, outside, before, out, err)
+    rejected = list((sd / "signals/rejected").iterdir())
+    assert [p.name for p in rejected] == ["signal.000000-000000-000-link.yaml"]
+    assert len(list((sd / "signals/processed").iterdir())) == 1
+    assert "real guidance" in (sd / "scratchpad.md").read_text()
+    assert "real guidance" in "".join(p.read_text() for p in sd.glob("iterations/1/logs/*.prompt.md"))
+    assert "symlink" in yaml.safe_load(rejected[0].read_text())["rejection"]["reason"]
+    assert (workspace / ".docs/notes.md").read_text() == "# notes\n"
+    assert sorted(p.name for p in (workspace / ".docs").iterdir()) == ["notes.md"]
+    assert not (sd / "scratchpad.md").is_symlink()
+
+
+# --- the count ---
+
+def test_zz_at_least_ten_thousand_generated_cases(request):
+    declared = sum(BUDGET.values())
+    assert declared >= 10_000, BUDGET
+    ran = sum(CASES.values())
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    line = (f"test_fuzz: {ran} generated cases run ({declared} declared: "
+            + ", ".join(f"{k} {CASES[k]}/{v}" for k, v in BUDGET.items()) + ")")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + line)
+    if set(CASES) >= set(BUDGET):   # the whole file ran
+        assert ran >= 10_000, line

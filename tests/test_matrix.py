@@ -1,0 +1,550 @@
+"""Issue 8: the crash matrix. One full scenario, every durable write of the engine.
+
+The scenario (SCENARIO below, played by tests/_matrix_agent.py, a command agent that
+runs demo-agent steps) meets, at exact points, every thing the engine writes:
+
+  iteration 1  the planner drops an INFO for all and a STEER for the Executor (taken at
+               plan_ready) and plans t1 (batch 1) and t2 (batch 2);
+               t1's executor asks a loop-level question (human.interact): a human answers;
+               t1's reviewer asks one nobody answers: it times out (on_timeout: continue);
+               t2's executor drops a malformed signal (rejected) and a PAUSE, and waits to
+               be stopped: the session pauses (exit 3) and is resumed (a second process);
+               t2's reviewer drops a priority STEER and waits: the engine stops it and runs
+               it again with the message; it rejects t2;
+               the librarian drops a stale SKIP (rejected), an APPROVE and a SKIP, and
+               stages knowledge (knowledge.approval: required): the APPROVE promotes it to
+               .docs/, the SKIP then has no effect
+  iteration 2  the planner says nothing is left: COMPLETE
+
+ABORT ends a session, so it has a small scenario of its own (ABORTED): t2's executor
+drops it while it runs.
+
+An uninterrupted run, traced (RALPH_TEST_WRITE_TRACE), lists every durable write of the
+engine's two processes (start, which pauses; resume, which completes). For each write the
+scenario is run again in a real process that SIGKILLs itself right after that write
+(RALPH_TEST_CRASH_AT_WRITE; its own trace must match the baseline's up to there), then is
+resumed, as often as it takes (a resume may itself pause on the PAUSE), and checked: the
+session completes; each signal is handled exactly once (processed with handling_metadata,
+or rejected with its reason; guidance noted once and delivered); each answer is kept and
+applied once; progress, tasks, iteration records, the path taken and the files produced
+equal the uninterrupted run's; every file of the session parses. A kill right after write
+N-1 is a kill right before write N, so every "before" is covered too (and the kill before
+a process's first write is that process not having run: the resume after it).
+
+The humans are a thread of the test (Human): the first question is answered the moment its
+file appears; the second one's channel gives up on it (questions.mark_delivery_failed, as
+the Telegram channel does after its retries), which moves its deadline to now, so its
+timeout applies at once. The engine waits for them (RObot.timeout_seconds is 20 s), so
+neither outcome races a clock, and a session killed while a question is pending finds it
+answered, or timed out, on resume.
+
+RALPH_TEST_MATRIX_DIR picks where the workspaces go (default: /dev/shm when it is there:
+a SIGKILL does not care about fsync, and tmpfs makes the several hundred runs fast).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import pytest
+import yaml
+
+import _crashkit as kit
+from _crashkit import KILLED, Write
+from conftest import FAST, base_env, metadata, ralph, write_config, write_scenario
+from session_store import BadInput, progress, questions
+
+SID = "matrix"
+OBJECTIVE = "Build a key-value store with a CLI"
+AGENT = Path(__file__).resolve().parent / "_matrix_agent.py"
+ROOTS = (".docs", "kv")
+
+EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
+            "complexity: 3, duplication: pass")
+REVIEW_OK = "tests: pass, build: pass"
+ANSWERED = "Which database should the store use?"
+ANSWER = "sqlite, in a single file"
+TIMES_OUT = "Should the CLI print in colour?"
+INFO_ALL = "the target is Linux only"
+STEER_EXECUTOR = "keep every module under 200 lines"
+PRIORITY = "rename the module kv_store"
+
+
+def _task(tid: str, batch: int = 1) -> dict:
+    return {"id": tid, "title": f"task {tid}", "batch": batch,
+            "description": f"the work of {tid}"}
+
+
+def _build(tid: str) -> dict:
+    return {"write": {f"kv/{tid}.py": f"# the module of {tid}\n"},
+            "emit": [{"topic": "build.done", "payload": EVIDENCE}]}
+
+
+def _stage(n: int) -> dict:
+    return {"write_iteration": {f"knowledge/notes-{n}.md": f"# notes of iteration {n}\n"},
+            "emit": [{"topic": "knowledge.staged", "payload": f"notes-{n}.md"}]}
+
+
+SCENARIO = [
+    {"role": "planner", "iteration": 1,
+     "drop": [{"label": "info", "type": "INFO", "message": INFO_ALL},
+              {"label": "steer", "type": "STEER", "target": "Executor",
+               "message": STEER_EXECUTOR}],
+     "emit": [{"topic": "plan.ready", "json": {"tasks": [_task("t1"), _task("t2", 2)]}}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+    {"role": "executor", "task": "t1",
+     "ask_once": {"text": ANSWERED, "options": [ANSWER, "postgres"]}, **_build("t1")},
+    {"role": "reviewer", "task": "t1", "ask_once": {"text": TIMES_OUT, "default": "no"},
+     "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
+    {"role": "executor", "task": "t2", "await_stop": True,
+     "drop": [{"label": "malformed", "raw": "type: [not, a, type]\nmessage: 3\n"},
+              {"label": "pause", "type": "PAUSE", "message": "lunch break"}],
+     **_build("t2")},
+    {"role": "reviewer", "task": "t2", "await_stop": True,
+     "drop": [{"label": "priority", "type": "STEER", "target": "Reviewer",
+               "message": PRIORITY, "priority": True}],
+     "emit": [{"topic": "review.rejected", "json": {"reason": "t2 needs docs"}}]},
+    {"role": "librarian", "iteration": 1,
+     "drop": [{"label": "stale", "type": "SKIP", "message": "too late", "iteration": 9},
+              {"label": "approve", "type": "APPROVE", "message": "looks right",
+               "iteration": 1},
+              {"label": "skip", "type": "SKIP", "message": "not yet", "iteration": 1}],
+     **_stage(1)},
+]
+
+CONFIG = {
+    "RObot": {"timeout_seconds": 20, "on_timeout": "continue"},
+    "knowledge": {"approval": "required", "timeout_seconds": 60},
+}
+
+# what the session's mailbox must hold at the end: (type, message) of each signal
+PROCESSED = Counter([("INFO", INFO_ALL), ("STEER", STEER_EXECUTOR), ("PAUSE", "lunch break"),
+                     ("STEER", PRIORITY), ("APPROVE", "looks right"), ("SKIP", "not yet")])
+REJECTED = Counter([("signal.malformed.yaml", None), (None, "too late")])
+ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowledge of "
+           "iteration 1", "SKIP": "no effect: the knowledge of this iteration was decided "
+           "already"}
+
+
+# --- places, processes ---
+
+def _root(tmp_path: Path) -> Path:
+    chosen = os.environ.get("RALPH_TEST_MATRIX_DIR")
+    if chosen:
+        return Path(tempfile.mkdtemp(prefix="ralph-matrix-", dir=chosen))
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix="ralph-matrix-", dir=shm))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = _root(tmp_path_factory.mktemp("matrix"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prepare(shared: Path, steps: list[dict], config: dict) -> Path:
+    """The agent's scenario and the config, outside every workspace (copies share them)."""
+    shared.mkdir(parents=True, exist_ok=True)
+    scenario = write_scenario(shared, steps)
+    return write_config(shared, {"agent": {
+        "backend": "command", "command": [sys.executable, str(AGENT), str(scenario)],
+        "prompt_mode": "stdin", "timeout_seconds": 120}, **config})
+
+
+def start(ws: Path, config: Path, **env):
+    return ralph(ws, "session", "start", OBJECTIVE, "--id", SID, "-c", config,
+                 env=base_env(**FAST, **env))
+
+
+def resume(ws: Path, **env):
+    return ralph(ws, "session", "resume", SID, env=base_env(**FAST, **env))
+
+
+class Human(threading.Thread):
+    """The humans: the ANSWERED question gets ANSWER as soon as its file appears; the
+    TIMES_OUT one is never answered, and its channel gives up delivering it (its deadline
+    moves to now). Anything else asked is a failure (recorded in `unexpected`)."""
+
+    def __init__(self, sd: Path):
+        super().__init__(daemon=True)
+        self.sd = sd
+        self.seen: set[str] = set()
+        self.unexpected: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.01):
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.unexpected.append(f"{type(e).__name__}: {e}")
+
+    def tick(self) -> None:
+        folder = self.sd / "questions"
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.endswith(".yaml") or name.startswith(".") or name in self.seen:
+                continue
+            q = questions.load_question(str(self.sd), name[:-5])
+            self.seen.add(name)
+            if q.status is not questions.QuestionStatus.PENDING:
+                continue
+            now = datetime.now(timezone.utc)
+            if q.text == ANSWERED:
+                try:
+                    questions.answer(str(self.sd), q.id, ANSWER, now=now)
+                except BadInput:
+                    pass
+            elif q.text == TIMES_OUT:
+                questions.mark_delivery_failed(str(self.sd), q.id, now)
+            else:
+                self.unexpected.append(q.text)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.join(5)
+        assert not self.unexpected, f"unexpected questions or errors: {self.unexpected}"
+
+
+# --- the checks ---
+
+_MASKS = [(re.compile(r"signal\.\d{6}-\d{6}-\d{3}-[0-9a-f]{8}\.yaml"), "signal.*.yaml"),
+          (re.compile(r"q\d{6}-\d{6}-[0-9a-f]{4}"), "q*"),
+          (re.compile(r"\.creating-(\S+)-\d+"), r".creating-\1-*")]
+
+
+def masked(w: Write) -> tuple[str, str]:
+    path = w.path
+    for pattern, sub in _MASKS:
+        path = pattern.sub(sub, path)
+    return w.kind, path
+
+
+def check_parses(ws: Path) -> None:
+    """Every file of the session parses as what it is; no temp file is left behind."""
+    sd = kit.session_dir(ws, SID)
+    for p in sd.rglob("*"):
+        if p.is_dir() or p.name == "session.lock":
+            continue
+        rel = str(p.relative_to(sd))
+        assert not p.name.startswith("."), f"a temp file is left: {rel}"
+        if p.suffix == ".yaml" or p.name.endswith(".yaml.taken"):
+            doc = yaml.safe_load(p.read_bytes())
+            assert isinstance(doc, (dict, list)) or doc is None, rel
+        elif p.suffix == ".jsonl":
+            for line in p.read_text().splitlines():
+                assert isinstance(json.loads(line), dict), rel
+        elif p.name == "progress.md":
+            text = p.read_text()
+            lines = [x for x in text.splitlines() if x.startswith("- [")]
+            assert len(progress.parse(text)) == len(lines), rel
+    for q in sorted((sd / "questions").glob("*.yaml")):
+        questions.load_question(str(sd), q.stem)   # strict
+        if (sd / "answers" / q.name).exists():
+            questions.read_answer(str(sd), q.stem)
+
+
+def check_humans_and_signals(ws: Path) -> None:
+    """Each signal handled exactly once, each answer kept and applied once."""
+    sd = kit.session_dir(ws, SID)
+    mailbox = sd / "signals"
+    assert not list((mailbox / "inputs").iterdir()), "signals left in inputs/"
+    assert not list(mailbox.rglob("*.taken")), "a take or a rejection never finished"
+    handled = Counter()
+    for p in (mailbox / "processed").iterdir():
+        doc = yaml.safe_load(p.read_text())
+        hm = doc["handling_metadata"]
+        assert hm["handled_by"] == "Ralph-Orchestrator" and hm["handled_at"], doc
+        assert hm["action_taken"], doc
+        handled[(doc["type"], doc["message"])] += 1
+        if doc["type"] in ACTIONS:
+            assert hm["action_taken"] == ACTIONS[doc["type"]], doc
+    assert handled == PROCESSED, handled
+    rejected = Counter()
+    for p in (mailbox / "rejected").iterdir():
+        doc = yaml.safe_load(p.read_text())
+        assert doc["rejection"]["reason"], doc
+        rejected[(p.name if p.name == "signal.malformed.yaml" else None,
+                  doc.get("message") if doc.get("type") == "SKIP" else None)] += 1
+    assert rejected == REJECTED, rejected
+    pad = (sd / "scratchpad.md").read_text()
+    for message in (INFO_ALL, STEER_EXECUTOR, PRIORITY):
+        assert pad.count(message) == 1, f"{message!r} noted {pad.count(message)} times:\n{pad}"
+    assert json.loads((sd / "guidance.yaml").read_text()) == [], "guidance never delivered"
+
+    asked = {q.text: q for q in questions.questions(str(sd))}
+    assert sorted(asked) == sorted([ANSWERED, TIMES_OUT]), list(asked)
+    assert len(list((sd / "questions").glob("*.yaml"))) == 2, "a question was asked twice"
+    a, b = asked[ANSWERED], asked[TIMES_OUT]
+    assert a.status is questions.QuestionStatus.ANSWERED
+    assert questions.read_answer(str(sd), a.id).text == ANSWER
+    assert b.status is questions.QuestionStatus.TIMED_OUT
+    assert questions.read_answer(str(sd), b.id) is None
+    assert metadata(sd)["pending_question"] is None
+    bus = [r for r in kit.records(sd) if r["source"] == "engine"]
+
+    def count(topic, qid):
+        return sum(1 for r in bus if r["topic"] == topic and r["payload"].get("id") == qid)
+    assert count("human.question", a.id) == 1 and count("human.question", b.id) == 1
+    assert count("human.response", a.id) == 1, "the answer applied more than once, or never"
+    assert count("human.timeout", b.id) == 1, "the timeout applied more than once, or never"
+    assert count("human.response", b.id) == 0 and count("human.timeout", a.id) == 0
+    # the answer and the timeout reached the prompt of the run that finished each task
+    logs = sd / "iterations" / "1" / "logs"
+    t1 = sorted(logs.glob("*-executor-t1.prompt.md"))[-1].read_text()
+    r1 = sorted(logs.glob("*-reviewer-t1.prompt.md"))[-1].read_text()
+    assert ANSWER in t1 and "human.response" in t1, t1
+    assert "human.timeout" in r1 and TIMES_OUT in r1, r1
+
+
+def _diff(got: dict, want: dict) -> str:
+    return "\n".join(f"{k}:\n  got  {got.get(k)}\n  want {want.get(k)}"
+                     for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+
+
+# --- the uninterrupted run ---
+
+class Scenario(NamedTuple):
+    name: str
+    steps: list[dict]
+    config: dict
+    exits: tuple[int, ...]       # the exit code of each process of an uninterrupted run
+    check: Callable[[Path], None]  # what else a finished session must show
+
+
+class Baseline(NamedTuple):
+    scenario: Scenario
+    config: Path
+    before: list[Path | None]      # per process: the workspace as the one before left it
+    writes: list[list[Write]]      # per process: its durable writes
+    outcome: dict
+
+
+def make_baseline(root: Path, scenario: Scenario) -> Baseline:
+    """Run the scenario uninterrupted, tracing each process and keeping the workspace as
+    each process found it (so kills in a later process start from there)."""
+    base = root / scenario.name
+    config = prepare(base / "shared", scenario.steps, scenario.config)
+    ws = base / "baseline" / "ws"
+    ws.mkdir(parents=True)
+    before: list[Path | None] = []
+    with Human(kit.session_dir(ws, SID)):
+        for i, code in enumerate(scenario.exits, 1):
+            trace = base / "baseline" / f"trace{i}"
+            if i == 1:
+                before.append(None)
+                r = start(ws, config, RALPH_TEST_WRITE_TRACE=trace)
+            else:
+                before.append(shutil.copytree(ws, base / f"before{i}", symlinks=True))
+                r = resume(ws, RALPH_TEST_WRITE_TRACE=trace)
+            assert r.returncode == code, f"process {i}: exit {r.returncode}\n{r.stdout}{r.stderr}"
+    writes = [kit.read_trace(base / "baseline" / f"trace{i}", ws, SID)
+              for i in range(1, len(scenario.exits) + 1)]
+    for w in writes:
+        assert [x.n for x in w] == list(range(1, len(w) + 1)), "one engine process each"
+    result = kit.check_finished(ws, SID, ROOTS)
+    check_parses(ws)
+    scenario.check(ws)
+    return Baseline(scenario, config, before, writes, result)
+
+
+FULL = Scenario("full", SCENARIO, CONFIG, (3, 0), check_humans_and_signals)
+
+
+@pytest.fixture(scope="module")
+def full(root) -> Baseline:
+    base = make_baseline(root, FULL)
+    result = base.outcome
+    assert result["status"] == "completed"
+    assert result["progress"] == {"1": {"t1": "x", "t2": "x"}}, result["progress"]
+    assert result["tasks"] == {"total": 2, "completed": 2, "failed": 0, "pending": 0}
+    decisions = {k: v["knowledge_decision"] for k, v in result["iterations"].items()}
+    assert decisions == {"1": "promoted", "2": None}, decisions
+    assert result["iterations"]["1"]["rejections"] == [{"task": "t2", "reason":
+                                                         "review.rejected: t2 needs docs"}]
+    triggers = [t[1] for t in result["transitions"]]
+    assert triggers == ["plan_ready", "batch_done", "next_batch", "pause", "resume",
+                        "batch_done", "iteration_reviewed", "next_iteration",
+                        "objective_met"], triggers
+    assert result["files"][".docs/notes-1.md"] == "# notes of iteration 1\n"
+    return base
+
+
+# ABORT ends a session, so it has a scenario of its own: t2 drops it while it runs
+ABORT_STEPS = [
+    {"role": "planner", "iteration": 1,
+     "emit": [{"topic": "plan.ready", "json": {"tasks": [_task("t1"), _task("t2")]}}]},
+    {"role": "executor", "task": "t2", "await_stop": True,
+     "drop": [{"label": "abort", "type": "ABORT", "message": "wrong objective"}],
+     **_build("t2")},
+    {"role": "executor", **_build("{task}")},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+]
+
+
+def check_aborted(ws: Path) -> None:
+    sd = kit.session_dir(ws, SID)
+    mailbox = sd / "signals"
+    assert not list((mailbox / "inputs").iterdir()) and not list(mailbox.rglob("*.taken"))
+    docs = [yaml.safe_load(p.read_text()) for p in (mailbox / "processed").iterdir()]
+    assert len(docs) == 1 and docs[0]["type"] == "ABORT", docs
+    assert docs[0]["handling_metadata"]["action_taken"] == "aborted the session", docs
+    assert "[F] t2: task t2 (batch 1) — Aborted by signal" in \
+        (sd / "iterations" / "1" / "progress.md").read_text()
+    meta = metadata(sd)
+    assert meta["status"] == "aborted" and meta["completed_at"]
+    assert meta["orchestrator"]["last_signal"] == \
+        next((mailbox / "processed").iterdir()).name
+
+
+ABORTED = Scenario("aborted", ABORT_STEPS, {}, (4,), check_aborted)
+
+
+@pytest.fixture(scope="module")
+def aborted(root) -> Baseline:
+    base = make_baseline(root, ABORTED)
+    assert base.outcome["status"] == "aborted"
+    assert base.outcome["progress"] == {"1": {"t1": "x", "t2": "F"}}
+    assert [t[1] for t in base.outcome["transitions"]] == ["plan_ready", "abort"]
+    return base
+
+
+# --- the matrix ---
+
+class Point(NamedTuple):
+    process: int   # 1: `session start`, 2...: the resumes of the uninterrupted run
+    write: Write
+
+    @property
+    def name(self) -> str:
+        return f"p{self.process}-{self.write.n:03d}"
+
+    @property
+    def creating(self) -> bool:
+        return self.write.path.startswith(".ralph-sessions/.creating-")
+
+
+def resume_to_the_end(ws: Path, scenario: Scenario) -> None:
+    """Resume until the session is over: its final exit code, or 2 "nothing to resume"
+    when the kill came after the summary; a resume that meets a PAUSE exits 3."""
+    for _ in range(len(scenario.exits) + 1):
+        r = resume(ws)
+        if r.returncode == scenario.exits[-1]:
+            return
+        if r.returncode == 2 and "nothing to resume" in r.stderr:
+            return
+        assert r.returncode == 3 and 3 in scenario.exits, \
+            f"resume exited {r.returncode}\n{r.stdout}{r.stderr}"
+    raise AssertionError(f"still paused after resuming:\n{r.stdout}{r.stderr}")
+
+
+def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
+    scenario = base.scenario
+    ws = root / scenario.name / "points" / point.name / "ws"
+    trace = ws.parent / "trace"
+    try:
+        if point.process == 1:
+            ws.mkdir(parents=True)
+        else:
+            shutil.copytree(base.before[point.process - 1], ws, symlinks=True)
+        with Human(kit.session_dir(ws, SID)):
+            if point.process == 1:
+                r = start(ws, base.config, RALPH_TEST_CRASH_AT_WRITE=point.write.n,
+                          RALPH_TEST_WRITE_TRACE=trace)
+            else:
+                r = resume(ws, RALPH_TEST_CRASH_AT_WRITE=point.write.n,
+                           RALPH_TEST_WRITE_TRACE=trace)
+            assert r.returncode == KILLED, f"not killed: exit {r.returncode}\n{r.stderr}"
+            got = [masked(w) for w in kit.read_trace(trace, ws, SID)]
+            want = [masked(w) for w in base.writes[point.process - 1][:point.write.n]]
+            assert got == want, f"the run went another way than the baseline: " \
+                                f"{next((g, w) for g, w in zip(got, want) if g != w)}"
+            if point.creating:
+                # built aside, renamed in last: no session yet; starting again works
+                assert not kit.session_dir(ws, SID).exists()
+                r = resume(ws)
+                assert r.returncode == 2 and "unknown session" in r.stderr, r.stderr
+                r = start(ws, base.config)
+                assert r.returncode == scenario.exits[0], \
+                    f"start again exited {r.returncode}\n{r.stderr}"
+            else:
+                kit.check_after_kill(ws, SID)
+            resume_to_the_end(ws, scenario)
+        result = kit.check_finished(ws, SID, ROOTS)
+        assert result == base.outcome, _diff(result, base.outcome)
+        check_parses(ws)
+        scenario.check(ws)
+    except Exception as e:  # noqa: BLE001 - reported per point
+        return f"{scenario.name}: killed after write {point.write.n} of process " \
+               f"{point.process} ({point.write.kind} {point.write.path}): " \
+               f"{type(e).__name__}: {e}"
+    shutil.rmtree(ws.parent, ignore_errors=True)
+    return None
+
+
+def choose(points: list[Point]) -> list[Point]:
+    """Every point; RALPH_TEST_MATRIX_POINTS=N keeps N of them, evenly spread (for a
+    quick look while developing; CI runs them all)."""
+    wanted = os.environ.get("RALPH_TEST_MATRIX_POINTS", "")
+    if not wanted.isdigit() or int(wanted) >= len(points):
+        return points
+    n = int(wanted)
+    return [points[i * len(points) // n] for i in range(n)]
+
+
+def run_matrix(root: Path, base: Baseline, at_least: int) -> Counter:
+    points = [Point(p + 1, w) for p, writes in enumerate(base.writes) for w in writes]
+    chosen = choose(points)
+    began = time.monotonic()
+    failures = kit.run_all(lambda pt: kill_at(root, base, pt), chosen)
+    elapsed = time.monotonic() - began
+    kinds = Counter(pt.write.kind for pt in chosen)
+    per_process = Counter(pt.process for pt in chosen)
+    print(f"\ncrash matrix ({base.scenario.name}): {len(chosen)} of {len(points)} write points "
+          f"covered (" + ", ".join(f"process {p}: {n}" for p, n in sorted(per_process.items()))
+          + f") in {elapsed:.0f}s; by kind: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    assert not failures, f"{len(failures)} of {len(chosen)} points failed:\n" + \
+        "\n".join(failures)
+    if chosen == points:
+        assert len(points) >= at_least, f"only {len(points)} write points: the scenario shrank"
+    return kinds
+
+
+@pytest.mark.slow
+def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
+    kinds = run_matrix(root, full, at_least=150)
+    if os.environ.get("RALPH_TEST_MATRIX_POINTS", "").isdigit():
+        return
+    expected = {"metadata", "event", "progress", "iteration-metadata", "task", "plan",
+                "report", "prompt", "review", "scratchpad", "guidance", "signal-take",
+                "signal-handled", "signal-reject", "signal-rejected", "question",
+                "question-status", "knowledge-record", "knowledge-promote", "summary",
+                "config.yaml"}
+    assert expected <= set(kinds), expected - set(kinds)
+
+
+@pytest.mark.slow
+def test_kill_after_every_durable_write_of_an_aborted_session(root, aborted):
+    run_matrix(root, aborted, at_least=30)
