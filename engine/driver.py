@@ -58,6 +58,7 @@ class Engine:
         self._gate_notes: dict[str, list[dict]] = {}   # role -> what the gates did to its run
         self.current_task: PlannedTask | None = None     # the task an agent works on now
         self.latest_outcome: str | None = None           # the last build/verify evidence seen
+        self.question_states: dict[str, str] = {}  # qid -> settled | timed_out (humans.py)
         build_machine(self, session.metadata.orchestrator.state,
                       before_state_change=hooks.BEFORE_STATE_CHANGE,
                       after_state_change=hooks.AFTER_STATE_CHANGE,

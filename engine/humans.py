@@ -8,9 +8,10 @@ a deadline that passed while the engine was down is applied once, on resume.
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
-from session_store import PauseKind, questions, read_events, signals
+from session_store import BadInput, PauseKind, questions, read_events, signals
 
 from .driver_types import Next, Preempted
 
@@ -160,11 +161,36 @@ def _undelivered(question: questions.Question) -> dict:
 
 def deliver_late_answers(engine) -> None:
     """An answer that came after its question timed out is kept and reaches the next
-    prompt as guidance, once."""
+    prompt as guidance, once.
+
+    Called before every agent run and transition, so it reads only what can still change:
+    a question settled (answered, cancelled, late answer delivered) is never read again,
+    and one that timed out is read again only once an answer file exists for it
+    (engine.question_states); reading every question file each time made a long
+    session's every step slower with each question asked."""
     d = engine.session.dir
-    for question in questions.questions(d):
-        if question.status is not questions.QuestionStatus.TIMED_OUT or question.late_answer_delivered:
+    known = engine.question_states
+    folder = os.path.join(d, "questions")
+    late = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        qid = name[:-5]
+        if not name.endswith(".yaml") or name.startswith(".") or known.get(qid) == "settled":
             continue
+        if known.get(qid) == "timed_out" and not os.path.exists(
+                os.path.join(d, "answers", name)):
+            continue
+        try:
+            question = questions.load_question(d, qid)
+        except BadInput:
+            continue
+        if question.status in (questions.QuestionStatus.ANSWERED,
+                               questions.QuestionStatus.CANCELLED) \
+                or question.late_answer_delivered:
+            known[qid] = "settled"
+        elif question.status is questions.QuestionStatus.TIMED_OUT:
+            known[qid] = "timed_out"
+            late.append(question)
+    for question in sorted(late, key=lambda q: q.asked_at):
         answer = questions.read_answer(d, question.id)
         if answer is None:
             continue
@@ -176,6 +202,7 @@ def deliver_late_answers(engine) -> None:
              f"{question.id}: {answer.text}", f"late answer to {question.id}"))
         question.late_answer_delivered = True
         questions.save_question(d, question)
+        known[question.id] = "settled"
 
 
 def recover(engine) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +30,19 @@ class Write(NamedTuple):
     n: int
     kind: str
     path: str   # relative to the session dir (or the workspace for files outside it)
+
+
+PYCACHE = Path(tempfile.gettempdir()) / f"ralph-tests-pycache-{os.getuid()}"
+
+
+def cached_bytecode(env: dict) -> dict:
+    """`env` for the hundreds of processes of the slow suites, with Python's bytecode
+    cached (under PYCACHE, outside the repository) even where PYTHONDONTWRITEBYTECODE is
+    set: recompiling the engine in every process costs them a quarter of their time."""
+    env = dict(env)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    return env
 
 
 def session_dir(ws: Path, sid: str) -> Path:

@@ -5,7 +5,8 @@ when a crash makes the engine run a step again:
     drop: [{label, type, message, target, iteration, priority} | {label, raw}]
         each signal is dropped once per workspace, whatever the attempt: the marker
         `.matrix-dropped/<label>` is created (exclusively) first, then the signal is
-        dropped (`raw`: a file written as is into signals/inputs, e.g. a malformed one)
+        dropped (`raw`: a file written as is into signals/inputs, named
+        `signal.000000-<label>.yaml`, e.g. a malformed one)
     await_stop: true
         when this run dropped a signal, wait to be stopped by the engine (PAUSE, ABORT,
         a priority STEER); exit 9 if it never comes. A run that dropped nothing (the
@@ -35,8 +36,11 @@ def _drop(ws: str, sdir: str, spec: dict) -> bool:
     except FileExistsError:
         return False
     if "raw" in spec:
-        write_atomic(os.path.join(sdir, "signals", "inputs", f"signal.{spec['label']}.yaml"),
-                     spec["raw"], "agent-file")
+        # named to sort before the time-named ones dropped with it: the engine takes
+        # (or rejects) inputs oldest name first, whether it looks between drops or after
+        write_atomic(os.path.join(sdir, "signals", "inputs",
+                                  f"signal.000000-{spec['label']}.yaml"), spec["raw"],
+                     "agent-file")
     else:
         signals.drop(sdir, spec["type"], spec.get("message", ""),
                      now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),

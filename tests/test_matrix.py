@@ -130,7 +130,7 @@ CONFIG = {
 # what the session's mailbox must hold at the end: (type, message) of each signal
 PROCESSED = Counter([("INFO", INFO_ALL), ("STEER", STEER_EXECUTOR), ("PAUSE", "lunch break"),
                      ("STEER", PRIORITY), ("APPROVE", "looks right"), ("SKIP", "not yet")])
-REJECTED = Counter([("signal.malformed.yaml", None), (None, "too late")])
+REJECTED = Counter([("signal.000000-malformed.yaml", None), (None, "too late")])
 ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowledge of "
            "iteration 1", "SKIP": "no effect: the knowledge of this iteration was decided "
            "already"}
@@ -166,11 +166,12 @@ def prepare(shared: Path, steps: list[dict], config: dict) -> Path:
 
 def start(ws: Path, config: Path, **env):
     return ralph(ws, "session", "start", OBJECTIVE, "--id", SID, "-c", config,
-                 env=base_env(**FAST, **env))
+                 env=kit.cached_bytecode(base_env(**FAST, **env)))
 
 
 def resume(ws: Path, **env):
-    return ralph(ws, "session", "resume", SID, env=base_env(**FAST, **env))
+    return ralph(ws, "session", "resume", SID,
+                 env=kit.cached_bytecode(base_env(**FAST, **env)))
 
 
 class Human(threading.Thread):
@@ -284,7 +285,7 @@ def check_humans_and_signals(ws: Path) -> None:
     for p in (mailbox / "rejected").iterdir():
         doc = yaml.safe_load(p.read_text())
         assert doc["rejection"]["reason"], doc
-        rejected[(p.name if p.name == "signal.malformed.yaml" else None,
+        rejected[(p.name if p.name == "signal.000000-malformed.yaml" else None,
                   doc.get("message") if doc.get("type") == "SKIP" else None)] += 1
     assert rejected == REJECTED, rejected
     pad = (sd / "scratchpad.md").read_text()
@@ -430,6 +431,44 @@ def aborted(root) -> Baseline:
     return base
 
 
+# a question whose timeout pauses the session (on_timeout: pause): the pause must happen
+# once, whatever the kill; the resume after it goes on without the answer
+QPAUSE_STEPS = [
+    {"role": "planner", "iteration": 1,
+     "emit": [{"topic": "plan.ready", "json": {"tasks": [_task("t1")]}}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+    {"role": "executor", "task": "t1", "ask_once": {"text": TIMES_OUT, "default": "no"},
+     **_build("t1")},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
+]
+
+
+def check_question_pause(ws: Path) -> None:
+    sd = kit.session_dir(ws, SID)
+    [q] = questions.questions(str(sd))
+    assert q.text == TIMES_OUT and q.status is questions.QuestionStatus.TIMED_OUT, q
+    assert q.timeout_paused, q
+    bus = [r for r in kit.records(sd) if r["source"] == "engine"]
+    assert [r["payload"]["id"] for r in bus if r["topic"] == "human.timeout"] == [q.id]
+    assert [r["payload"]["id"] for r in bus if r["topic"] == "human.question"] == [q.id]
+    logs = sd / "iterations" / "1" / "logs"
+    assert "human.timeout" in sorted(logs.glob("*-executor-t1.prompt.md"))[-1].read_text()
+    assert json.loads((sd / "guidance.yaml").read_text()) == []
+
+
+QPAUSE = Scenario("question-pause", QPAUSE_STEPS,
+                  {"RObot": {"timeout_seconds": 20, "on_timeout": "pause"}}, (3, 0),
+                  check_question_pause)
+
+
+@pytest.fixture(scope="module")
+def question_pause(root) -> Baseline:
+    base = make_baseline(root, QPAUSE)
+    assert [t[1] for t in base.outcome["transitions"]] == [
+        "plan_ready", "pause", "resume", "batch_done", "next_iteration", "objective_met"]
+    return base
+
+
 # --- the matrix ---
 
 class Point(NamedTuple):
@@ -513,8 +552,10 @@ def choose(points: list[Point]) -> list[Point]:
     return [points[i * len(points) // n] for i in range(n)]
 
 
-def run_matrix(root: Path, base: Baseline, at_least: int) -> Counter:
+def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counter:
     points = [Point(p + 1, w) for p, writes in enumerate(base.writes) for w in writes]
+    if select is not None:
+        points = [pt for pt in points if select(pt, base)]
     chosen = choose(points)
     began = time.monotonic()
     failures = kit.run_all(lambda pt: kill_at(root, base, pt), chosen)
@@ -534,7 +575,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int) -> Counter:
 
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
-    kinds = run_matrix(root, full, at_least=150)
+    kinds = run_matrix(root, full, at_least=120)
     if os.environ.get("RALPH_TEST_MATRIX_POINTS", "").isdigit():
         return
     expected = {"metadata", "event", "progress", "iteration-metadata", "task", "plan",
@@ -548,3 +589,19 @@ def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_an_aborted_session(root, aborted):
     run_matrix(root, aborted, at_least=30)
+
+
+def _around_the_timeout(point: Point, base: Baseline) -> bool:
+    """From the question on, to the resume's transition: where the pause is decided,
+    made durable, and noted on the question."""
+    writes = base.writes[point.process - 1]
+    if point.process == 1:
+        asked = next(w.n for w in writes if w.kind == "question")
+        return point.write.n >= asked
+    resumed = next(w.n for w in writes if w.kind == "event")
+    return point.write.n <= resumed
+
+
+@pytest.mark.slow
+def test_kill_around_a_question_timeout_that_pauses(root, question_pause):
+    run_matrix(root, question_pause, at_least=10, select=_around_the_timeout)

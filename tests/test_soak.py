@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _crashkit import cached_bytecode
 from conftest import FAST, RALPH, base_env, metadata, progress_markers, write_config, \
     write_scenario
 from session_store import questions
@@ -93,7 +94,7 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
                                      "max_runtime_seconds": 3600},
                       "RObot": {"timeout_seconds": 300},
                       "fallback": {"enabled": False}})
-    env = base_env(**FAST)
+    env = cached_bytecode(base_env(**FAST))
     out = open(root / "engine.out", "w")
     began = time.monotonic()
     engine = subprocess.Popen(RALPH + ["session", "start", "soak the engine", "--id", SID,

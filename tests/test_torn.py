@@ -53,11 +53,11 @@ def sd_of(ws: Path) -> Path:
 
 def start(ws: Path, **env):
     return spawn(ws, "session", "start", OBJECTIVE, "--id", SID, "-c", ws / "ralph.yml",
-                 env=base_env(**FAST, **env))
+                 env=kit.cached_bytecode(base_env(**FAST, **env)))
 
 
 def resume(ws: Path, **env):
-    return ralph(ws, "session", "resume", SID, env=base_env(**FAST, **env))
+    return ralph(ws, "session", "resume", SID, env=kit.cached_bytecode(base_env(**FAST, **env)))
 
 
 def answer_when_asked(ws: Path, proc) -> None:
@@ -262,7 +262,8 @@ def test_mid_session_record_torn_then_agents_and_engine_append_after_it(tmp_path
         ws = copy(base, tmp_path / f"m{c:04d}")
         try:
             (sd_of(ws) / "events.jsonl").write_bytes(whole + line[:c])
-            proc = spawn(ws, "session", "resume", SID, env=base_env(**FAST))
+            proc = spawn(ws, "session", "resume", SID,
+                         env=kit.cached_bytecode(base_env(**FAST)))
             answer_when_asked(ws, proc)
             out, err = proc.communicate(timeout=120)
             assert proc.returncode == 0, out + err
