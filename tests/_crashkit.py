@@ -45,6 +45,21 @@ def cached_bytecode(env: dict) -> dict:
     return env
 
 
+def scratch(tmp_path: Path, name: str) -> Path:
+    """Where a slow suite puts its many workspaces: $RALPH_TEST_SCRATCH_DIR, else /dev/shm
+    when it is there (a SIGKILL does not care about fsync, and tmpfs makes hundreds of
+    runs and copies fast), else tmp_path. The caller removes it."""
+    chosen = os.environ.get("RALPH_TEST_SCRATCH_DIR")
+    shm = Path("/dev/shm")
+    if chosen:
+        return Path(tempfile.mkdtemp(prefix=f"ralph-{name}-", dir=chosen))
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix=f"ralph-{name}-", dir=shm))
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
 def session_dir(ws: Path, sid: str) -> Path:
     return ws / ".ralph-sessions" / sid
 

@@ -38,8 +38,8 @@ timeout applies at once. The engine waits for them (RObot.timeout_seconds is 20 
 neither outcome races a clock, and a session killed while a question is pending finds it
 answered, or timed out, on resume.
 
-RALPH_TEST_MATRIX_DIR picks where the workspaces go (default: /dev/shm when it is there:
-a SIGKILL does not care about fsync, and tmpfs makes the several hundred runs fast).
+The workspaces go to /dev/shm when it is there (RALPH_TEST_SCRATCH_DIR picks another
+place; see _crashkit.scratch).
 """
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -138,19 +137,9 @@ ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowle
 
 # --- places, processes ---
 
-def _root(tmp_path: Path) -> Path:
-    chosen = os.environ.get("RALPH_TEST_MATRIX_DIR")
-    if chosen:
-        return Path(tempfile.mkdtemp(prefix="ralph-matrix-", dir=chosen))
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix="ralph-matrix-", dir=shm))
-    return tmp_path
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    path = _root(tmp_path_factory.mktemp("matrix"))
+    path = kit.scratch(tmp_path_factory.mktemp("matrix"), "matrix")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -5,8 +5,7 @@ memory stays flat (VmRSS/VmHWM of its process, read from /proc when metadata.ite
 reaches 50 and 500).
 
 RALPH_TEST_SOAK_ITERATIONS=N runs N iterations instead (for a quick look; the test then
-says so). RALPH_TEST_SOAK_DIR picks where the workspace goes (default: /dev/shm when it is
-there, as in test_matrix).
+says so). The workspace goes to /dev/shm when it is there (_crashkit.scratch).
 """
 from __future__ import annotations
 
@@ -15,14 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from _crashkit import cached_bytecode
+from _crashkit import cached_bytecode, scratch
 from conftest import FAST, RALPH, base_env, metadata, progress_markers, write_config, \
     write_scenario
 from session_store import questions
@@ -53,16 +51,6 @@ def scenario() -> list[dict]:
     ]
 
 
-def _where(tmp_path: Path) -> Path:
-    chosen = os.environ.get("RALPH_TEST_SOAK_DIR")
-    if chosen:
-        return Path(tempfile.mkdtemp(prefix="ralph-soak-", dir=chosen))
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix="ralph-soak-", dir=shm))
-    return tmp_path
-
-
 def memory(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM of a process, in kB."""
     out = {}
@@ -84,7 +72,7 @@ def _iteration(sd: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_path):
-    root = _where(tmp_path)
+    root = scratch(tmp_path, "soak")
     ws = root / "ws"
     ws.mkdir()
     sd = ws / ".ralph-sessions" / SID

@@ -109,13 +109,26 @@ def run(tmp_path_factory) -> Run:
     return Run(tmp_path_factory.mktemp("torn-baseline"))
 
 
-def killed_at(root: Path, n: int) -> Path:
-    """A workspace whose engine was SIGKILLed right after its write n."""
+@pytest.fixture
+def space(tmp_path):
+    """Room for many workspace copies (tmpfs when there is one)."""
+    path = kit.scratch(tmp_path, "torn")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def killed_at(root: Path, n: int, run: Run) -> Path:
+    """A workspace whose engine was SIGKILLed right after its write n (the same write as
+    the uninterrupted run's n: the human answers the same way, the traces are compared)."""
     ws = root / "killed"
     setup_ws(ws)
-    proc = start(ws, RALPH_TEST_CRASH_AT_WRITE=n)
+    proc = start(ws, RALPH_TEST_CRASH_AT_WRITE=n, RALPH_TEST_WRITE_TRACE=root / "trace")
+    if any(w.kind == "question-status" for w in run.writes[:n]):   # it got its answer
+        answer_when_asked(ws, proc)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == KILLED, out + err
+    got = [w.kind for w in kit.read_trace(root / "trace", ws, SID)]
+    assert got == [w.kind for w in run.writes[:n]], "the run went another way"
     kit.check_after_kill(ws, SID)
     return ws
 
@@ -194,11 +207,11 @@ def check_torn_bus_reads(ws: Path, whole: bytes) -> None:
 
 
 @pytest.mark.slow
-def test_final_transition_record_torn_at_every_byte_then_resume_completes(tmp_path, run):
+def test_final_transition_record_torn_at_every_byte_then_resume_completes(space, run):
     """The session's last record (the objective_met transition, appended after the
     metadata that says COMPLETE) is cut at every byte: the resume skips the torn part,
     cuts it off when it appends the record again, and writes the summary."""
-    base = killed_at(tmp_path, run.point("event", last=True))
+    base = killed_at(space, run.point("event", last=True), run)
     whole, line = tear(base)
     assert json.loads(line)["topic"] == "session.transition"
     assert json.loads(line)["payload"]["trigger"] == "objective_met"
@@ -206,7 +219,7 @@ def test_final_transition_record_torn_at_every_byte_then_resume_completes(tmp_pa
     began = time.monotonic()
     workspaces = {}
     for c in range(len(line)):
-        ws = workspaces[c] = copy(base, tmp_path / f"c{c:04d}")
+        ws = workspaces[c] = copy(base, space / f"c{c:04d}")
         (sd_of(ws) / "events.jsonl").write_bytes(whole + line[:c])
         check_torn_bus_reads(ws, whole)
     exits = resume_forked(list(workspaces.values()))
@@ -235,18 +248,18 @@ def test_final_transition_record_torn_at_every_byte_then_resume_completes(tmp_pa
 
 
 @pytest.mark.slow
-def test_mid_session_record_torn_then_agents_and_engine_append_after_it(tmp_path, run):
+def test_mid_session_record_torn_then_agents_and_engine_append_after_it(space, run):
     """A record in the middle of a session (the plan_ready transition, with the whole
     batch still to run) cut at every byte: readers skip it and the next appender (the
     engine re-recording the transition) cuts it off; a spread of the cuts is resumed to
     the end, where every agent's and the engine's records follow in order."""
     first_transition = next(w.n for w in run.writes if w.kind == "event"
                             and not w.path.startswith(".ralph-sessions/.creating-"))
-    base = killed_at(tmp_path, first_transition)
+    base = killed_at(space, first_transition, run)
     whole, line = tear(base)
     assert json.loads(line)["payload"]["trigger"] == "plan_ready", line
     # every byte: the store's readers and appender, on this real bus
-    probe = copy(base, tmp_path / "probe")
+    probe = copy(base, space / "probe")
     bus = sd_of(probe) / "events.jsonl"
     for c in range(len(line)):
         bus.write_bytes(whole + line[:c])
@@ -259,7 +272,7 @@ def test_mid_session_record_torn_then_agents_and_engine_append_after_it(tmp_path
     cuts = sorted({1, 2, len(line) - 2, len(line) - 1} | set(range(0, len(line), 23)))
 
     def cut_at(c: int) -> str | None:
-        ws = copy(base, tmp_path / f"m{c:04d}")
+        ws = copy(base, space / f"m{c:04d}")
         try:
             (sd_of(ws) / "events.jsonl").write_bytes(whole + line[:c])
             proc = spawn(ws, "session", "resume", SID,
@@ -290,14 +303,14 @@ def plant(path: Path, content: bytes) -> Path:
 
 
 @pytest.mark.slow
-def test_half_written_temp_files_are_ignored_and_nothing_is_lost(tmp_path, run):
+def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     """Killed while its question is pending; then writers die mid-write next to the
     session's files: the metadata, the guidance queue, the scratchpad, the iteration's
     metadata and progress, the question, and a signal and an answer that never landed.
     Loading sees the last complete version of each; a complete signal and a complete
     answer written afterwards are both taken; resume completes like an uninterrupted run;
     the temp files are left as they were."""
-    ws = killed_at(tmp_path, run.point("event", after="question"))
+    ws = killed_at(space, run.point("event", after="question"), run)
     sd = sd_of(ws)
     meta_before = (sd / "metadata.yaml").read_bytes()
     qid = metadata(sd)["pending_question"]
