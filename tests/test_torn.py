@@ -2,8 +2,10 @@
 events.jsonl (the one appended file) or a half-written temp file next to a file that is
 rewritten whole (temp, fsync, rename). Loading recovers to the last complete record,
 nothing else is lost, the session resumes and completes, and stray temp files are
-ignored: never read as a signal, an answer or metadata, and never deleted (they are left
-for a human to look at; see the report of issue 8 about sweeping them).
+ignored: never read as a signal, an answer or metadata, never listed as a waiting signal,
+and never deleted. (They are ours alone, `.<name>.<pid>.tmp`: a sweep of those whose pid
+is dead, at engine start, would be safe; the engine does not do it today, so they stay
+until a human removes them.)
 
 The sessions are real (`ralph` subprocesses playing a demo scenario); the cuts are made
 on what a SIGKILL (RALPH_TEST_CRASH_AT_WRITE) left on disk.
