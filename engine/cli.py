@@ -303,14 +303,6 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
-def _is_text(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
 def _bad(message: str):
     from session_store import BadInput
     return BadInput(message)
@@ -474,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["emit"]:  # agents' hot path (engine/entry.py takes it before this module)
         from .emit import main as emit_main
         return emit_main(argv[1:])
-    bad = next((i for i, arg in enumerate(argv, 1) if not _is_text(arg)), None)
+    from .emit import is_text  # stdlib only: cheap
+    bad = next((i for i, arg in enumerate(argv, 1) if not is_text(arg)), None)
     if bad is not None:   # bytes that are not UTF-8 reach Python as lone surrogates
         print(f"ralph: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -20,7 +20,7 @@ class EmitError(Exception):
 
 def parse_args(argv: list[str]) -> tuple[str, object]:
     for i, arg in enumerate(argv, 1):
-        if not _is_text(arg):   # bytes that are not UTF-8 reach Python as lone surrogates
+        if not is_text(arg):   # bytes that are not UTF-8 reach Python as lone surrogates
             raise EmitError(f"argument {i} is not valid UTF-8 text")
     args, json_text, it = [], None, iter(argv)
     for arg in it:
@@ -50,7 +50,7 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
             raise EmitError(f"--json: not valid JSON ({e})") from None
         except RecursionError:
             raise EmitError("--json: nested too deeply") from None
-        if not _is_text(json.dumps(payload, ensure_ascii=False)):
+        if not is_text(json.dumps(payload, ensure_ascii=False)):
             raise EmitError("--json: a \\ud800-style escape that is no character")
     else:
         payload = args[1] if len(args) == 2 else None
@@ -62,7 +62,7 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
     return topic, payload
 
 
-def _is_text(value: str) -> bool:
+def is_text(value: str) -> bool:
     try:
         value.encode("utf-8")
         return True
