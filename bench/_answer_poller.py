@@ -1,6 +1,6 @@
 """The baseline of bench 6: `ralph session start ARGS...`, the whole engine as it is, except
 that a pending question is waited on by a fixed 250 ms poll instead of file-system events:
-Engine.wait (the hold's sleep, engine/humans.py) sleeps to the next tick of a 250 ms grid
+Engine.wait_until (the hold's sleep) sleeps to the next tick of a 250 ms grid
 and ignores the watcher's wakeups. Run by answer_latency.py and idle_cpu.py:
 
     python _answer_poller.py INTERVAL ralph-arguments...
@@ -23,7 +23,7 @@ def main(interval: float, argv: list[str]) -> int:
             time.sleep(min(seconds, tick - now))
         self.wakeup.clear()
 
-    Engine.wait = polling_wait
+    Engine.wait_until = polling_wait
     return cli.main(argv)
 
 

@@ -164,4 +164,4 @@ def config_snapshot() -> dict[str, str]:
     snapshot of the config the session started with (here the defaults)."""
     from engine import config as cfg
     from session_store import dump_yaml
-    return {cfg.SNAPSHOT: dump_yaml(cfg.to_data(cfg.without_secrets(cfg.Config())))}
+    return dump_yaml(cfg.to_data(cfg.without_secrets(cfg.Config())))

@@ -1,4 +1,4 @@
-"""The baseline of bench 3: the engine's own mailbox handling (Engine.checkpoint), woken
+"""The baseline of bench 3: the engine's own mailbox handling (Mailbox.poll at a checkpoint), woken
 by a fixed 250 ms poll instead of file-system events. Run as a subprocess by
 signal_latency.py: `python _poller.py WORKSPACE SESSION_ID INTERVAL`; stop it with SIGTERM.
 """
@@ -13,13 +13,14 @@ def main(workspace: str, session_id: str, interval: float) -> None:
     import session_store
     from engine.config import Config
     from engine.driver import Engine
+    from engine.mailbox import Mode
 
     session = session_store.load(workspace, session_id)
     engine = Engine(session, Config(), agent_for=lambda role: None, out=io.StringIO())
     print("ready", flush=True)
     tick = time.monotonic()
     while True:
-        engine.checkpoint()
+        engine.mailbox.poll(Mode.CHECKPOINT)
         tick += interval
         delay = tick - time.monotonic()
         if delay > 0:

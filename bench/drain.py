@@ -28,6 +28,7 @@ def drain_once(base: str, n: int, budget: float) -> dict:
     import session_store
     from engine.config import Config
     from engine.driver import Engine
+    from engine.mailbox import Mode
     from session_store import _signals, signals
 
     workspace = tempfile.mkdtemp(prefix="ralph-bench-drain-", dir=base)
@@ -55,7 +56,7 @@ def drain_once(base: str, n: int, budget: float) -> dict:
         start, cpu_start = time.perf_counter(), time.process_time()
         deadline = start + budget
         try:
-            engine.checkpoint()
+            engine.mailbox.poll(Mode.CHECKPOINT)
             complete = True
         except OverBudget:
             complete = False

@@ -34,7 +34,7 @@ def build(workspace: str, iterations: int, session_id: str) -> dict:
     from session_store import Limits
 
     session = session_store.create(workspace, f"bench: resume {iterations}", now=now(),
-                                   session_id=session_id, files=config_snapshot(),
+                                   session_id=session_id, config_snapshot=config_snapshot(),
                                    limits=Limits(max_iterations=iterations))
     agent = NoopAgent(iterations + 10, lambda: session.metadata_path)   # never completes
     start = time.perf_counter()

@@ -7,34 +7,27 @@ the work ends without one.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from states import Next
+from states.context import AfterEach, Streaks, Verdict
 
 MAX_BLOCKED = 3
 MAX_RESUMES = 3
 
 
-class Verdict(NamedTuple):
-    kind: str              # done | failed | thrashing | no_progress | timed_out
-    event: dict | None     # the outcome event, when there is one
-    reason: str | None
-
-
-class Streaks(NamedTuple):
-    blocked: int = 0
-    empty: int = 0
-
-
-def run_until_outcome(engine, role: str, task, pending: list[dict], *, done: tuple[str, ...],
+def run_until_outcome(runner, role: str, task, pending: list[dict], *, done: tuple[str, ...],
                       failed: tuple[str, ...] = (), blocked: str | None = None,
                       streaks: Streaks = Streaks(),
-                      after_each: Callable | None = None) -> Verdict:
+                      after_each: AfterEach | None = None) -> Verdict | Next:
     """Run `role` until an outcome; `after_each(run, attempt_outcome)` records each attempt
-    (attempt_outcome: done | failed | blocked | empty | asked | timed_out)."""
+    (attempt_outcome: done | failed | blocked | empty | asked | timed_out). A decision that
+    stops the work (a PAUSE, a limit) comes back as its Next."""
     blocked_streak, empty_streak = streaks
     while True:
-        run = engine.run_role(role, task, pending)
+        run = runner.run(role, task, pending)
+        if isinstance(run, Next):
+            return run
         final = run.last(*done, *failed, *((blocked,) if blocked else ()))
-        if final is None and run.outcome.timed_out:
+        if final is None and run.timed_out:
             verdict, attempt = Verdict("timed_out", None, f"the {role} timed out"), "timed_out"
         elif final is None and run.last("human.interact"):
             # it asked a human: the answer (or the timeout) is its next prompt's news
@@ -43,12 +36,11 @@ def run_until_outcome(engine, role: str, task, pending: list[dict], *, done: tup
             empty_streak, blocked_streak, attempt = empty_streak + 1, 0, "empty"
             verdict = None
             if empty_streak > MAX_RESUMES:
-                exit_note = f" (last exit code {run.outcome.exit_code})" if run.outcome.exit_code \
-                    else ""
+                exit_note = f" (last exit code {run.exit_code})" if run.exit_code else ""
                 verdict = Verdict("no_progress", None, f"no outcome after {MAX_RESUMES} "
                                   f"task.resume retries{exit_note}")
             else:
-                pending = [engine.publish("task.resume", {
+                pending = [runner.publish("task.resume", {
                     "role": role, "task": task.id if task else None, "retry": empty_streak,
                     "why": f"the {role}'s run emitted no outcome "
                            f"({' / '.join(done + failed)})"})]

@@ -228,9 +228,6 @@ def to_data(config: Config) -> dict:
     return unstructure(config)
 
 
-SNAPSHOT = "config.yaml"
-
-
 def without_secrets(config: Config) -> Config:
     """The config as a session keeps it: the Telegram token never lands in a session."""
     return attrs.evolve(config, RObot=attrs.evolve(
@@ -239,9 +236,8 @@ def without_secrets(config: Config) -> Config:
 
 def load_session_config(session) -> Config:
     """The config a session started with (its snapshot), plus secrets from their source."""
-    path = os.path.join(session.dir, SNAPSHOT)
-    with open(path, "rb") as f:
-        config = parse(f.read(), path)
+    text, path = session.config_snapshot()
+    config = parse(text, path)
     if session.metadata.config_path and os.path.isfile(session.metadata.config_path):
         token = load(session.metadata.config_path).RObot.telegram.bot_token
         config.RObot.telegram.bot_token = token

@@ -9,8 +9,7 @@ import re
 import shutil
 from collections import Counter
 
-from session_store import BadInput, load, read_events
-from states import State
+from session_store import BadInput, State, load, read_events
 
 from .machine import rows_for_transitions
 

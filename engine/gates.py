@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 
+from states import COMPLETION
+
 BUILD_EVIDENCE = ("tests", "lint", "typecheck", "audit", "coverage", "complexity", "duplication")
 COVERAGE_MIN, MUTATION_MIN, COMPLEXITY_MAX = 80.0, 70.0, 10.0
-COMPLETION = "LOOP_COMPLETE"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PAIR = re.compile(r"([A-Za-z_][\w.]*)\s*[:=]\s*([^,;\n]+)")

@@ -1,154 +1,186 @@
 """The engine's side of the signals mailbox (seed 001 §2-§4, DESIGN §6).
 
-`poll(engine, mode)` consumes what the engine owns right now, oldest first:
-  - transition / checkpoint: everything but APPROVE/SKIP outside KNOWLEDGE_APPROVAL;
-  - agent (an agent is running): only PAUSE and ABORT, which stop it, and a priority
+`Mailbox.poll(mode)` consumes what the engine owns right now, oldest first:
+  - TRANSITION / CHECKPOINT: everything but APPROVE/SKIP outside KNOWLEDGE_APPROVAL;
+  - AGENT (an agent is running): only PAUSE and ABORT, which stop it, and a priority
     STEER, which stops it to run it again at once with the message;
-  - resume: like transition, but a PAUSE that waited while paused is void;
-  - knowledge (waiting in KNOWLEDGE_APPROVAL): APPROVE and SKIP too.
-PAUSE and ABORT preempt the current work (raise Preempted, or return the Next in agent
-mode); the signal is marked handled once the transition they caused is persisted,
-which records the signal's name so a crash in between never applies it twice.
+  - RESUME: like TRANSITION, but a PAUSE that waited while paused is void;
+  - KNOWLEDGE (waiting in KNOWLEDGE_APPROVAL): APPROVE and SKIP too.
+PAUSE and ABORT come back as the Next to fire: the signal is marked handled once the
+transition it caused is persisted, which records the signal's name, so a crash in between
+never applies it twice. STEER/INFO wait for their role's next prompt (guidance).
 """
 from __future__ import annotations
 
+import enum
 import threading
+from typing import Callable, NamedTuple
 
-from session_store import PauseKind, signals
-from states import State
-
-from .driver_types import Next, Preempted
+from session_store import PauseKind, Session, State, signals
+from states import Next, Trigger
 
 HANDLED_BY = "Ralph-Orchestrator"
-RERUN = "rerun"   # not a machine trigger: the agent run under way starts over
 
 
-def poll(engine, mode: str) -> Next | None:
-    d, now = engine.session.dir, engine.clock.now
-    guidance = []  # STEER/INFO taken in this poll, applied together before anything else
-    for name in signals.waiting(d):
-        signal, reason, raw = signals.read(d, name)
-        if signal is None:
-            if reason:
-                signals.reject(d, name, reason, raw, now=now())
-            continue
-        if signal.type in ("APPROVE", "SKIP"):
-            if mode != "knowledge" or engine.current is not State.KNOWLEDGE_APPROVAL:
-                continue  # state-specific: they wait in inputs/
-            if signal.iteration is not None and signal.iteration != engine.metadata.iteration:
-                signals.reject(d, name, f"stale: for iteration {signal.iteration}, the session "
-                               f"is in iteration {engine.metadata.iteration}", raw, now=now())
+class Mode(enum.Enum):
+    TRANSITION = "transition"
+    CHECKPOINT = "checkpoint"
+    AGENT = "agent"
+    RESUME = "resume"
+    KNOWLEDGE = "knowledge"
+
+
+class Rerun(NamedTuple):
+    """A priority STEER: the agent run under way starts over, with the message."""
+    reason: str
+
+
+class Mailbox:
+    def __init__(self, session: Session, clock, *, state: Callable[[], State],
+                 decide_knowledge: Callable[[signals.Signal], str]):
+        self.session = session
+        self.clock = clock
+        self._state = state
+        self._decide_knowledge = decide_knowledge   # APPROVE/SKIP -> the action taken
+
+    @property
+    def _dir(self) -> str:
+        return self.session.dir
+
+    def poll(self, mode: Mode) -> Next | Rerun | None:
+        d, now = self._dir, self.clock.now
+        iteration = self.session.metadata.iteration
+        guidance = []  # STEER/INFO taken in this poll, queued together before anything else
+        for name in signals.waiting(d):
+            signal, reason, raw = signals.read(d, name)
+            if signal is None:
+                if reason:
+                    signals.reject(d, name, reason, raw, now=now())
                 continue
-        elif signal.type in ("STEER", "INFO") and mode == "agent" and not signal.priority:
-            continue  # the agent may take these itself; the engine does at the next boundary
-        if not signals.take(d, name):
-            continue  # another consumer won the rename
-        if signal.type in ("STEER", "INFO") and not (signal.priority and mode == "agent"):
-            guidance.append(signal)
-            continue
-        queue_guidance(engine, guidance)  # in arrival order, before what comes next
-        guidance = []
-        nxt = handle(engine, signal, mode)
-        if nxt is not None:
-            if mode == "agent":
-                return nxt
-            raise Preempted(nxt)
-    queue_guidance(engine, guidance)
-    return None
-
-
-def handle(engine, signal, mode: str) -> Next | None:
-    """Act on a taken signal. PAUSE/ABORT return the Next to fire (marked after it);
-    the others are applied and marked here. Idempotent by signal name."""
-    d, now = engine.session.dir, engine.clock.now()
-    if signal.type == "PAUSE" and (mode == "resume" or engine.current is State.PAUSED):
-        action = "ignored: the session was paused already and is being resumed"
-    elif signal.type in ("PAUSE", "ABORT"):
-        if engine.current is State.COMPLETE:
-            action = "ignored: the session is complete"
-        else:
-            trigger = "pause" if signal.type == "PAUSE" else "abort"
-            return Next(trigger, signal.message or f"{signal.type} signal",
-                        PauseKind.SIGNAL if trigger == "pause" else None, signal)
-    elif signal.type == "STEER" and signal.priority and mode == "agent":
-        # seed 004's priority message: stop the agent (it saves its partial work on
-        # SIGTERM) and run the task again at once, with the message in its prompt
-        queue_guidance(engine, [signal], action="interrupted the running agent to re-run "
-                                                "it with the message")
-        return Next(RERUN, signal.message)
-    elif signal.type in ("STEER", "INFO"):
-        queue_guidance(engine, [signal])
+            if signal.type in ("APPROVE", "SKIP"):
+                if mode is not Mode.KNOWLEDGE or self._state() is not State.KNOWLEDGE_APPROVAL:
+                    continue  # state-specific: they wait in inputs/
+                if signal.iteration is not None and signal.iteration != iteration:
+                    signals.reject(d, name, f"stale: for iteration {signal.iteration}, the "
+                                   f"session is in iteration {iteration}", raw, now=now())
+                    continue
+            elif signal.type in ("STEER", "INFO") and mode is Mode.AGENT and not signal.priority:
+                continue  # the agent may take these itself; the engine does at the next boundary
+            if not signals.take(d, name):
+                continue  # another consumer won the rename
+            if signal.type in ("STEER", "INFO") and not (signal.priority and mode is Mode.AGENT):
+                guidance.append(signal)
+                continue
+            self.queue_guidance(guidance)  # in arrival order, before what comes next
+            guidance = []
+            decision = self.handle(signal, mode)
+            if decision is not None:
+                return decision
+        self.queue_guidance(guidance)
         return None
-    else:
-        action = decide_knowledge(engine, signal)
-    signals.mark_handled(d, signal, handled_by=HANDLED_BY, action=action, now=now)
-    return None
 
+    def handle(self, signal, mode: Mode) -> Next | Rerun | None:
+        """Act on a taken signal. PAUSE/ABORT return the Next to fire (marked after it);
+        the others are applied and marked here. Idempotent by signal name."""
+        state = self._state()
+        if signal.type == "PAUSE" and (mode is Mode.RESUME or state is State.PAUSED):
+            action = "ignored: the session was paused already and is being resumed"
+        elif signal.type in ("PAUSE", "ABORT"):
+            if state is State.COMPLETE:
+                action = "ignored: the session is complete"
+            elif signal.type == "PAUSE":
+                return Next(Trigger.PAUSE, signal.message or "PAUSE signal", PauseKind.SIGNAL,
+                            signal)
+            else:
+                return Next(Trigger.ABORT, signal.message or "ABORT signal", None, signal)
+        elif signal.type == "STEER" and signal.priority and mode is Mode.AGENT:
+            # seed 004's priority message: stop the agent (it saves its partial work on
+            # SIGTERM) and run the task again at once, with the message in its prompt
+            self.queue_guidance([signal], action="interrupted the running agent to re-run "
+                                                 "it with the message")
+            return Rerun(signal.message)
+        elif signal.type in ("STEER", "INFO"):
+            self.queue_guidance([signal])
+            return None
+        else:
+            action = self._decide_knowledge(signal)
+        signals.mark_handled(self._dir, signal, handled_by=HANDLED_BY, action=action,
+                             now=self.clock.now())
+        return None
 
-def queue_guidance(engine, taken: list, action: str | None = None) -> None:
-    """STEER/INFO wait for their role's next prompt (guidance.yaml) and are noted in the
-    scratchpad, a whole batch in one write of each; then each is marked handled. Both
-    writes are idempotent by the signal's name, so a crash anywhere repeats nothing."""
-    if not taken:
-        return
-    d, now = engine.session.dir, engine.clock.now()
+    def mark_applied(self, signal, trigger: Trigger) -> None:
+        signals.mark_handled(self._dir, signal, handled_by=HANDLED_BY,
+                             action="paused the session" if trigger is Trigger.PAUSE
+                             else "aborted the session", now=self.clock.now())
 
-    def who(signal):
-        return signal.role.capitalize() if signal.role else "the next invocation of any role"
-    signals.queue_guidance(d, *({"id": s.name, "type": s.type, "target": s.role or "all",
-                                 "message": s.message, "at": now.isoformat()} for s in taken))
-    engine.session.append_scratchpad(*(
-        (f"- {now.isoformat(timespec='seconds')} {s.type} for {who(s)}: {s.message} ({s.name})",
-         s.name) for s in taken))
-    for s in taken:
-        signals.mark_handled(d, s, handled_by=HANDLED_BY, now=now,
-                             action=action or f"queued for {who(s)}")
+    def recover(self) -> Next | None:
+        """Finish what a crash interrupted: rejections, and signals taken but not marked."""
+        d = self._dir
+        signals.finish_rejections(d, self.clock.now())
+        pending = None
+        for name in signals.taken_unmarked(d):
+            signal = signals.read_taken(d, name)
+            if signal is None:
+                continue
+            if signal.type in ("PAUSE", "ABORT") and \
+                    self.session.metadata.orchestrator.last_signal == name:
+                self.mark_applied(signal, Trigger.PAUSE if signal.type == "PAUSE"
+                                  else Trigger.ABORT)
+                continue
+            decision = self.handle(signal, Mode.KNOWLEDGE)
+            if isinstance(decision, Next) and pending is None:
+                pending = decision
+        return pending
 
+    # --- guidance: STEER/INFO and human responses waiting for a role's next prompt ---
 
-def decide_knowledge(engine, signal) -> str:
-    from states import knowledge_approval
-    _it, meta = engine.iteration()
-    if meta.knowledge_decided_by == signal.name:
-        # it decided, then a crash came before it was marked: say what it did
-        return _knowledge_action(meta)
-    if engine.current is not State.KNOWLEDGE_APPROVAL or meta.knowledge_decision is not None:
-        return "no effect: the knowledge of this iteration was decided already"
-    if signal.type == "APPROVE":
-        knowledge_approval.promote(engine, f"APPROVE signal: {signal.message}".rstrip(": "),
-                                   by=signal.name)
-    else:
-        knowledge_approval.decide(engine, "skipped", by=signal.name)
-    return _knowledge_action(meta)
+    def queue_guidance(self, taken: list, action: str | None = None) -> None:
+        """STEER/INFO wait for their role's next prompt (guidance) and are noted in the
+        scratchpad, a whole batch in one write of each; then each is marked handled. Both
+        writes are idempotent by the signal's name, so a crash anywhere repeats nothing."""
+        if not taken:
+            return
+        d, now = self._dir, self.clock.now()
 
+        def who(signal):
+            return signal.role.capitalize() if signal.role else "the next invocation of any role"
+        signals.queue_guidance(d, *({"id": s.name, "type": s.type, "target": s.role or "all",
+                                     "message": s.message, "at": now.isoformat()} for s in taken))
+        self.session.append_scratchpad(*(
+            (f"- {now.isoformat(timespec='seconds')} {s.type} for {who(s)}: {s.message} "
+             f"({s.name})", s.name) for s in taken))
+        for s in taken:
+            signals.mark_handled(d, s, handled_by=HANDLED_BY, now=now,
+                                 action=action or f"queued for {who(s)}")
 
-def _knowledge_action(meta) -> str:
-    if meta.knowledge_decision == "promoted":
-        return f"promoted the staged knowledge of iteration {meta.iteration}"
-    return f"kept the knowledge of iteration {meta.iteration} staged"
+    def queue_event(self, item_id: str, topic: str, payload: dict) -> None:
+        """An engine event (a human's response, a timeout) for the next prompt."""
+        signals.queue_guidance(self._dir, {"id": item_id, "type": "EVENT", "topic": topic,
+                                           "target": "all", "message": payload,
+                                           "at": self.clock.now().isoformat()})
 
+    def queue_note(self, item_id: str, text: str) -> None:
+        """A note for the next prompt of any role, under ROBOT GUIDANCE."""
+        signals.queue_guidance(self._dir, {"id": item_id, "type": "INFO", "target": "all",
+                                           "message": text, "at": self.clock.now().isoformat()})
 
-def mark_applied(engine, signal, trigger: str) -> None:
-    signals.mark_handled(engine.session.dir, signal, handled_by=HANDLED_BY,
-                         action="paused the session" if trigger == "pause"
-                         else "aborted the session", now=engine.clock.now())
+    def guidance_for(self, role: str, unit: str) -> list[dict]:
+        """Queued STEER/INFO (and human responses) for this role or for all, not delivered
+        yet, or delivered to an earlier run of this same unit of work: a run a crash cut
+        short, or whose outcome a crash lost, gets them again. They leave the queue at the
+        next transition (forget_delivered)."""
+        return [g for g in signals.guidance(self._dir) if g["target"] in ("all", role)
+                and g.get("delivered_to") in (None, unit)]
 
+    def delivered(self, ids: list[str], unit: str) -> None:
+        signals.delivered(self._dir, ids, to=unit)
 
-def recover(engine) -> Next | None:
-    """Finish what a crash interrupted: rejections, and signals taken but not marked."""
-    d = engine.session.dir
-    signals.finish_rejections(d, engine.clock.now())
-    pending = None
-    for name in signals.taken_unmarked(d):
-        signal = signals.read_taken(d, name)
-        if signal is None:
-            continue
-        if signal.type in ("PAUSE", "ABORT") and engine.metadata.orchestrator.last_signal == name:
-            mark_applied(engine, signal, "pause" if signal.type == "PAUSE" else "abort")
-            continue
-        nxt = handle(engine, signal, "knowledge")
-        if nxt is not None and pending is None:
-            pending = nxt
-    return pending
+    def forget_delivered(self) -> None:
+        signals.forget_delivered(self._dir)
+
+    def add_message(self, text: str) -> None:
+        """`resume --message`: an INFO signal for the next run."""
+        signals.drop(self._dir, "INFO", text, now=self.clock.now())
 
 
 def watch(paths: list[str], wakeup: threading.Event, trees: list[str] = ()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .blockers import LAST_RESORT
+from .humans.blockers import LAST_RESORT
 
 DEFAULT_INSTRUCTIONS = {
     "planner": (

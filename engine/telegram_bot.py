@@ -1089,17 +1089,17 @@ class EngineHost:
             self._lock_fd = None
 
 
-def start_for_engine(engine) -> Callable[[], None]:
+def start_for_session(workspace: str, session_id: str, config) -> Callable[[], None]:
     """Called by Engine.run: start the workspace's bot when Telegram is on; returns stop."""
     try:
-        found = settings(engine.config)
+        found = settings(config)
     except BadInput as e:   # `ralph session start/resume` refused this already
         stderr_log(f"off: {e}")
         return lambda: None
     if found is None:
         return lambda: None
     try:
-        host = EngineHost(engine.session.workspace, found, engine.session.id)
+        host = EngineHost(workspace, found, session_id)
         host.start()
     except Exception as e:
         stderr_log(f"could not start the bot: {type(e).__name__}")

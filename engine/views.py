@@ -6,9 +6,8 @@ import json
 import os
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, list_ids, load, questions, read_events,
+from session_store import (BadInput, PauseKind, State, list_ids, load, questions, read_events,
                            running_pid, sessions_root, signals)
-from states import State
 
 
 def _resume_command(meta) -> str | None:

@@ -93,29 +93,14 @@ def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
 
     A torn last line is left for later; a complete line that is not a record is skipped.
     """
-    path = os.path.join(session_dir, EVENTS_FILE)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
+    if fd is None:
         return [], offset
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        return [], offset   # a symlink planted in place of the bus is not read
     with os.fdopen(fd, "rb") as f:
         f.seek(offset)
         data = f.read()
     end = data.rfind(b"\n") + 1
-    records = []
-    for line in data[:end].split(b"\n")[:-1]:
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):   # garbage, or nesting too deep to decode
-            continue
-        if isinstance(record, dict) and "seq" in record and "topic" in record:
-            if b"\\ud" in line or b"\\uD" in line:
-                record = _without_lone_surrogates(record)
-            records.append(record)
+    records = [r for r in map(_record, data[:end].split(b"\n")[:-1]) if r is not None]
     return records, offset + end
 
 
@@ -128,3 +113,69 @@ def _without_lone_surrogates(record: dict) -> dict:
         return record
     except UnicodeEncodeError:
         return json.loads(text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+
+
+def _open_for_reading(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        return None   # a symlink planted in place of the bus is not read
+
+
+def complete_size(session_dir: str) -> int:
+    """The byte offset just past the bus's last complete line (a torn tail excluded)."""
+    fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
+    if fd is None:
+        return 0
+    try:
+        end = os.fstat(fd).st_size
+        while end > 0:
+            start = max(0, end - _TAIL_CHUNK)
+            data = os.pread(fd, end - start, start)
+            cut = data.rfind(b"\n")
+            if cut != -1:
+                return start + cut + 1
+            end = start
+        return 0
+    finally:
+        os.close(fd)
+
+
+def last_event(session_dir: str, match) -> dict | None:
+    """The newest complete record for which `match(record)` is true, reading the bus from
+    its end back in chunks: what a resume looks for is near the end, whatever the size."""
+    end = complete_size(session_dir)
+    fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
+    if fd is None:
+        return None
+    try:
+        carry = b""
+        while end > 0:
+            start = max(0, end - _TAIL_CHUNK)
+            lines = (os.pread(fd, end - start, start) + carry).split(b"\n")
+            # the first piece may be the end of an earlier line: kept for the next chunk
+            carry, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
+            for line in reversed(lines):
+                record = _record(line) if line else None
+                if record is not None and match(record):
+                    return record
+            end = start
+        return None
+    finally:
+        os.close(fd)
+
+
+def _record(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(record, dict) and "seq" in record and "topic" in record):
+        return None
+    if b"\\ud" in line or b"\\uD" in line:
+        record = _without_lone_surrogates(record)
+    return record

@@ -4,29 +4,13 @@ Small on purpose: history goes to events.jsonl, so these never grow with the ses
 """
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 
 import attrs
 
-from states import State
+from ._types import PauseKind, State, Status
 
 SCHEMA_VERSION = 1
-
-
-class Status(enum.Enum):
-    ACTIVE = "active"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-
-
-class PauseKind(enum.Enum):
-    SIGNAL = "signal"      # a PAUSE signal: exit 3
-    LIMIT = "limit"        # max iterations / runtime / cost: exit 5
-    QUESTION = "question"  # unanswered question with on_timeout: pause: exit 3
-    FAILURE = "failure"    # the work cannot go on without a human: exit 3
-    BLOCKER = "blocker"    # the same blocker three times: exit 3
 
 
 @attrs.define

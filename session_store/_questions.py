@@ -113,23 +113,35 @@ def load_question(session_dir: str, qid: str) -> Question:
     return question
 
 
+def ids(session_dir: str) -> list[str]:
+    """The ids of every question file of the session, in name order (cheap: nothing read)."""
+    folder = os.path.join(session_dir, "questions")
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    return [n[:-5] for n in names if n.endswith(".yaml") and not n.startswith(".")]
+
+
 def questions(session_dir: str) -> list[Question]:
     """Every question of the session, oldest first (unreadable files are skipped)."""
-    folder = os.path.join(session_dir, "questions")
     found = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".yaml") and not name.startswith("."):
-            try:
-                found.append(load_question(session_dir, name[:-5]))
-            except BadInput:
-                continue
+    for qid in ids(session_dir):
+        try:
+            found.append(load_question(session_dir, qid))
+        except BadInput:
+            continue
     return sorted(found, key=lambda q: q.asked_at)
+
+
+def has_answer(session_dir: str, qid: str) -> bool:
+    return os.path.exists(_apath(session_dir, qid))
 
 
 def pending(session_dir: str) -> list[Question]:
     """Questions still waiting for an answer (none written yet)."""
     return [q for q in questions(session_dir) if q.status is QuestionStatus.PENDING
-            and not os.path.exists(_apath(session_dir, q.id))]
+            and not has_answer(session_dir, q.id)]
 
 
 def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
@@ -164,7 +176,7 @@ def mark_delivery_failed(session_dir: str, qid: str, now: datetime) -> bool:
     (answered, resolved) or was marked already."""
     question = load_question(session_dir, qid)
     if question.status is not QuestionStatus.PENDING or question.delivery_failed \
-            or os.path.exists(_apath(session_dir, qid)):
+            or has_answer(session_dir, qid):
         return False
     question.delivery_failed = True
     question.deadline = min(question.deadline, now)

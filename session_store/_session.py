@@ -7,20 +7,22 @@ import secrets
 import shutil
 from datetime import datetime
 
-from . import _progress
-from ._atomic import fsync_dir, make_dirs, read_nofollow, rename_durable, write_atomic
+from ._atomic import fsync_dir, make_dirs, read_nofollow, write_atomic
 from ._errors import BadInput
-from ._events import append_event, read_events
-from ._metadata import IterationMetadata, Limits, SessionMetadata, Status
+from ._events import append_event, complete_size, last_event, read_events
+from ._iteration import METADATA_FILE, Iteration
+from ._metadata import Limits, SessionMetadata
 from ._schema import dump_yaml, parse_yaml, structure, unstructure
+from ._types import Status
 
 SESSIONS_DIR = ".ralph-sessions"
-METADATA_FILE = "metadata.yaml"
+CONFIG_SNAPSHOT = "config.yaml"
+SUMMARY_FILE = "summary.md"
+BLOCKERS_FILE = "blockers.yaml"
+SCRATCHPAD_FILE = "scratchpad.md"
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SESSION_SUBDIRS = ("signals/inputs", "signals/processed", "signals/rejected",
                    "questions", "answers", "iterations")
-BOOKKEEPING = ("promoted.yaml", "carried_from.yaml")  # the engine's records in knowledge/
-ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge", "logs")
 
 
 def check_id(value: str, what: str = "session id") -> str:
@@ -37,98 +39,10 @@ def sessions_root(workspace: str) -> str:
     return os.path.join(os.path.abspath(workspace), SESSIONS_DIR)
 
 
-class Iteration:
-    """Files of `iterations/<N>/`."""
-
-    def __init__(self, session_dir: str, number: int):
-        self.number = number
-        self.dir = os.path.join(session_dir, "iterations", str(number))
-
-    def path(self, *parts: str) -> str:
-        return os.path.join(self.dir, *parts)
-
-    def exists(self) -> bool:
-        return os.path.isfile(self.path(METADATA_FILE))
-
-    def create(self, now: datetime, **fields) -> IterationMetadata:
-        """Make the iteration's directories, then its metadata in one write (with `fields`,
-        e.g. tasks_before), so a crash never leaves it half-initialised."""
-        for sub in ITERATION_SUBDIRS:
-            make_dirs(self.path(sub))
-        meta = IterationMetadata(iteration=self.number, started_at=now, **fields)
-        self.save(meta)
-        return meta
-
-    def load(self) -> IterationMetadata:
-        path = self.path(METADATA_FILE)
-        with open(path, "rb") as f:
-            return structure(parse_yaml(f.read(), path), IterationMetadata, path)
-
-    def save(self, meta: IterationMetadata) -> None:
-        write_atomic(self.path(METADATA_FILE), dump_yaml(unstructure(meta)), "iteration-metadata")
-
-    def write(self, relpath: str, text: str, kind: str = "iteration-file") -> str:
-        path = self.path(relpath)
-        make_dirs(os.path.dirname(path))
-        write_atomic(path, text, kind)
-        return path
-
-    def progress(self) -> list[_progress.TaskLine]:
-        try:
-            with open(self.path("progress.md"), encoding="utf-8") as f:
-                return _progress.parse(f.read())
-        except FileNotFoundError:
-            return []
-
-    def save_progress(self, tasks: list[_progress.TaskLine]) -> None:
-        write_atomic(self.path("progress.md"), _progress.render(self.number, tasks), "progress")
-
-    def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
-        tasks = self.progress()
-        for t in tasks:
-            if t.id == task_id:
-                t.marker, t.note = marker, note
-        self.save_progress(tasks)
-
-    def _report_path(self, task_id: str, attempt: int) -> str:
-        suffix = "" if attempt == 1 else f"-r{attempt}"
-        return self.path("reports", f"{task_id}-report{suffix}.md")
-
-    def report_path(self, task_id: str, attempt: int) -> str | None:
-        """reports/<TASK>-report.md for attempt 1, -report-r<N>.md after; None if absent."""
-        path = self._report_path(task_id, attempt)
-        return path if os.path.exists(path) else None
-
-    def latest_report(self, task_id: str) -> str | None:
-        attempt, latest = 1, None
-        while (path := self.report_path(task_id, attempt)) is not None:
-            latest, attempt = path, attempt + 1
-        return latest
-
-    def write_report(self, task_id: str, text: str) -> str:
-        """A new report, one per attempt: -report.md, -report-r2.md, ..."""
-        attempt = 1
-        while os.path.exists(self._report_path(task_id, attempt)):
-            attempt += 1
-        path = self._report_path(task_id, attempt)
-        write_atomic(path, text, "report")
-        return path
-
-    def staged_knowledge(self) -> list[str]:
-        """Regular files under knowledge/ (a symlink is no knowledge: promoting it would
-        put a link to anywhere into the docs; os.walk does not enter linked directories)."""
-        root = self.path("knowledge")
-        found = []
-        for dirpath, _dirs, files in os.walk(root):
-            for name in files:
-                path = os.path.join(dirpath, name)
-                if name not in BOOKKEEPING and not name.startswith(".") and \
-                        os.path.isfile(path) and not os.path.islink(path):
-                    found.append(os.path.relpath(path, root))
-        return sorted(found)
-
-
 class Session:
+    """One session's files, behind verbs. `dir` is the session's address: agents get it
+    (RALPH_SESSION_DIR) and the module-level verbs of signals and questions take it."""
+
     def __init__(self, workspace: str, session_id: str, metadata: SessionMetadata):
         self.workspace = os.path.abspath(workspace)
         self.id = session_id
@@ -148,6 +62,8 @@ class Session:
     def iteration(self, number: int | None = None) -> Iteration:
         return Iteration(self.dir, self.metadata.iteration if number is None else number)
 
+    # --- the bus ---
+
     def append_event(self, topic: str, payload=None, *, source: str = "engine", ts=None) -> dict:
         m = self.metadata
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
@@ -156,24 +72,92 @@ class Session:
     def read_events(self, offset: int = 0):
         return read_events(self.dir, offset)
 
+    def events_after(self, offset: int) -> "EventReader":
+        """An incremental reader from byte `offset` (0: the start; None: the end now)."""
+        return EventReader(self.dir, offset)
+
+    def last_event(self, match) -> dict | None:
+        """The newest record for which `match(record)` holds, read from the end back."""
+        return last_event(self.dir, match)
+
+    # --- notes ---
+
     def append_scratchpad(self, *notes: tuple[str, str | None]) -> None:
         """Append notes (text, mark) in one rewrite; a note whose mark is there already
         is skipped, so appending is idempotent by mark."""
-        path = os.path.join(self.dir, "scratchpad.md")
-        try:
-            old = read_nofollow(path).decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            old = "# Scratchpad\n"
-        except OSError:   # a symlink planted in its place: not read, and replaced below
-            old = "# Scratchpad\n"
+        path = os.path.join(self.dir, SCRATCHPAD_FILE)
+        old = self.scratchpad() or "# Scratchpad\n"
         new = [text.rstrip("\n") for text, mark in notes if not (mark and mark in old)]
         if new:
             write_atomic(path, old.rstrip("\n") + "\n\n" + "\n".join(new) + "\n", "scratchpad")
 
+    def scratchpad(self) -> str | None:
+        try:
+            return read_nofollow(os.path.join(self.dir, SCRATCHPAD_FILE)).decode(
+                "utf-8", errors="replace")
+        except OSError:   # none, or a symlink planted in its place: not read
+            return None
+
+    # --- the config it started with, its blockers, its end ---
+
+    def config_snapshot(self) -> tuple[bytes, str]:
+        """(the config text the session started with, its path for error messages)."""
+        path = os.path.join(self.dir, CONFIG_SNAPSHOT)
+        try:
+            return read_nofollow(path), path
+        except OSError as e:
+            raise BadInput(f"{path}: cannot be read ({e.strerror})") from None
+
+    def count_blocker(self, cause: str, seq: int, keep: int) -> int | None:
+        """Count one report of a blocker cause (bus record `seq`); the new count, or None
+        when that record was counted already (a crash after counting it)."""
+        path = os.path.join(self.dir, BLOCKERS_FILE)
+        try:
+            counts = parse_yaml(read_nofollow(path), path) or {}
+        except FileNotFoundError:
+            counts = {}
+        seen = counts.setdefault(cause, {"count": 0, "seqs": []})
+        if seq in seen["seqs"]:
+            return None
+        seen["count"] += 1
+        seen["seqs"] = (seen["seqs"] + [seq])[-keep:]
+        write_atomic(path, dump_yaml(counts), "blockers")
+        return seen["count"]
+
+    def has_summary(self) -> bool:
+        """Written last: until it exists, a finished session's closing work is not done."""
+        return os.path.exists(os.path.join(self.dir, SUMMARY_FILE))
+
+    def write_summary(self) -> None:
+        m = self.metadata
+        t, u = m.tasks, m.usage
+        write_atomic(os.path.join(self.dir, SUMMARY_FILE), (
+            f"# Session {m.session_id}: {m.status.value}\n\n"
+            f"Objective: {m.objective}\n\n"
+            f"- iterations: {m.iteration}\n"
+            f"- tasks: {t.total} ({t.completed} done, {t.failed} failed, {t.pending} pending)\n"
+            f"- agent invocations: {u.agent_invocations}\n"
+            f"- runtime: {u.runtime_seconds:.1f}s, cost: ${u.cost_usd:.2f}\n"
+            f"- created: {m.created_at.isoformat()}\n"
+            f"- completed: {m.completed_at.isoformat() if m.completed_at else '-'}\n"),
+            "summary")
+
+
+class EventReader:
+    """Reads the bus incrementally: each call returns the records appended since the last."""
+
+    def __init__(self, session_dir: str, offset: int | None = 0):
+        self._dir = session_dir
+        self.offset = offset if offset is not None else complete_size(session_dir)
+
+    def read_new(self) -> list[dict]:
+        records, self.offset = read_events(self._dir, self.offset)
+        return records
+
 
 def create(workspace: str, objective: str, *, now: datetime, session_id: str | None = None,
            limits: Limits | None = None, config_path: str | None = None,
-           files: dict[str, str] | None = None) -> Session:
+           config_snapshot: str | None = None) -> Session:
     """Make a session directory whole, or not at all: built aside, then renamed in."""
     session_id = check_id(session_id) if session_id else new_session_id(now)
     root = sessions_root(workspace)
@@ -189,9 +173,9 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
                            updated_at=now, limits=limits or Limits(), config_path=config_path)
     session = Session(workspace, session_id, meta)
     session.dir = staging
-    write_atomic(os.path.join(staging, "scratchpad.md"), "# Scratchpad\n", "scratchpad")
-    for name, text in (files or {}).items():
-        write_atomic(os.path.join(staging, name), text, name)
+    write_atomic(os.path.join(staging, SCRATCHPAD_FILE), "# Scratchpad\n", "scratchpad")
+    if config_snapshot is not None:
+        write_atomic(os.path.join(staging, CONFIG_SNAPSHOT), config_snapshot, CONFIG_SNAPSHOT)
     Iteration(staging, 1).create(now)
     session.save(now)
     session.append_event("session.created", {"objective": objective}, ts=now.isoformat())
@@ -252,8 +236,3 @@ def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool
     if not open_ids:
         raise BadInput(f"no open session in {sessions_root(workspace)}; name one with --session")
     raise BadInput(f"several open sessions ({', '.join(open_ids)}); name one with --session")
-
-
-def move_file(src: str, dst: str, kind: str = "rename") -> None:
-    make_dirs(os.path.dirname(dst))
-    rename_durable(src, dst, kind)

@@ -81,7 +81,7 @@ def _shown(value) -> str:
 def validate(data, name: str = "signal") -> Signal:
     """A signal from parsed YAML, or BadInput saying which field is wrong."""
     if not isinstance(data, dict):
-        raise BadInput(f"$: expected a mapping with type, target, message")
+        raise BadInput("$: expected a mapping with type, target, message")
     unknown = sorted(k if isinstance(k, str) else _shown(k) for k in data if k not in FIELDS)
     if unknown:
         raise BadInput(f"$: unknown field {', '.join(unknown)}")

@@ -1,24 +1,22 @@
-"""The six states of a session, and the work done in each (one module per state).
+"""The six states of a session and the work done in each, one module per state.
 
-Only the names live here so that the store and the machine can share them without
-importing any state's work.
+A state's `run(ctx)` does its work through the small context of `states.context` and
+returns the `Next` trigger to fire. States know the store's data and nothing of the
+engine: the engine implements the context.
 """
-import enum
-from importlib import import_module
+from session_store import State
 
+from . import (complete, executing_batch, knowledge_approval, paused, planning,
+               reviewing_batch)
+from .context import COMPLETION, Next, StateContext, Trigger
 
-class State(enum.Enum):
-    PLANNING = "PLANNING"
-    EXECUTING_BATCH = "EXECUTING_BATCH"
-    REVIEWING_BATCH = "REVIEWING_BATCH"
-    KNOWLEDGE_APPROVAL = "KNOWLEDGE_APPROVAL"
-    PAUSED = "PAUSED"
-    COMPLETE = "COMPLETE"
+WORK = {
+    State.PLANNING: planning.run,
+    State.EXECUTING_BATCH: executing_batch.run,
+    State.REVIEWING_BATCH: reviewing_batch.run,
+    State.KNOWLEDGE_APPROVAL: knowledge_approval.run,
+    State.PAUSED: paused.run,
+    State.COMPLETE: complete.run,
+}
 
-    def __str__(self) -> str:
-        return self.value
-
-
-def work_for(state: State):
-    """The `run(engine)` function of a state's module: it does the work, returns (trigger, reason)."""
-    return import_module(f"states.{state.value.lower()}").run
+__all__ = ["COMPLETION", "Next", "State", "StateContext", "Trigger", "WORK"]

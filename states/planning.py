@@ -5,32 +5,35 @@ Planning is done once per iteration: its commit point is the iteration's
 """
 from __future__ import annotations
 
-from engine.attempts import run_until_outcome
-from engine.driver_types import Next
-from engine.gates import COMPLETION
 from session_store import BadInput, PauseKind, PlannedTask, check_id, progress, structure
 
+from .context import COMPLETION, Next, StateContext, Trigger
 
-def run(engine) -> Next:
-    it, meta = engine.iteration()
+
+def run(ctx: StateContext) -> Next:
+    it, meta = ctx.iteration()
     if meta.planning_completed_at is None:
-        verdict = run_until_outcome(engine, "planner", None, _leftovers(engine),
-                                    done=("plan.ready", COMPLETION))
+        verdict = ctx.run_until_outcome("planner", None, _leftovers(ctx),
+                                        done=("plan.ready", COMPLETION))
+        if isinstance(verdict, Next):
+            return verdict
         if verdict.kind != "done":
-            return Next("pause", f"the planner produced no plan: {verdict.reason}",
+            return Next(Trigger.PAUSE, f"the planner produced no plan: {verdict.reason}",
                         PauseKind.FAILURE)
         if verdict.event["topic"] == COMPLETION:
-            meta.planning_completed_at = engine.clock.now()
-            engine.save_iteration(meta)
+            meta.planning_completed_at = ctx.now()
+            ctx.save_iteration(meta)
         else:
             try:
                 tasks = _tasks_of(verdict.event)
             except BadInput as e:
-                return Next("pause", f"the planner's plan is unusable: {e}", PauseKind.FAILURE)
-            engine.record_plan(tasks, _plan_text(it.number, tasks))
+                return Next(Trigger.PAUSE, f"the planner's plan is unusable: {e}",
+                            PauseKind.FAILURE)
+            ctx.record_plan(tasks)
     if not meta.tasks_defined:
-        return Next("objective_met", "the planner says nothing is left")
-    return Next("plan_ready", f"{len(meta.tasks_defined)} tasks in {len(meta.batches())} batches")
+        return Next(Trigger.OBJECTIVE_MET, "the planner says nothing is left")
+    return Next(Trigger.PLAN_READY,
+                f"{len(meta.tasks_defined)} tasks in {len(meta.batches())} batches")
 
 
 def _tasks_of(event: dict) -> list[PlannedTask]:
@@ -52,22 +55,12 @@ def _tasks_of(event: dict) -> list[PlannedTask]:
     return sorted(tasks, key=lambda t: t.batch)
 
 
-def _plan_text(iteration: int, tasks: list[PlannedTask]) -> str:
-    lines = [f"# Plan — iteration {iteration}", ""]
-    for batch in sorted({t.batch for t in tasks}):
-        lines += [f"## Batch {batch}", ""]
-        lines += [f"- **{t.id}**: {t.title}" + (f" — {t.description}" if t.description else "")
-                  for t in tasks if t.batch == batch]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _leftovers(engine) -> list[dict]:
+def _leftovers(ctx: StateContext) -> list[dict]:
     """What the previous iteration left for the planner: failed tasks, rejected reviews."""
-    number = engine.metadata.iteration - 1
-    if number < 1:
+    it, _meta = ctx.iteration()
+    if it.number < 2:
         return []
-    previous = engine.session.iteration(number)
+    previous = ctx.iteration_files(it.number - 1)
     if not previous.exists():
         return []
     pending = [{"topic": "task.failed", "payload": {"task": t.id, "title": t.title,

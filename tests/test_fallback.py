@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
                       spawn, wait_for, write_config, write_scenario)
-from engine import fallback
+from engine.humans import fallback
 from engine.config import Fallback
 from session_store._metadata import Observations, TaskCounts
 from test_gates import DONE, EVIDENCE, plan, prompts

@@ -623,10 +623,10 @@ _PARSER = []
 def test_cli_number_flags_take_only_finite_positive_numbers(flag, text):
     """argparse's float() takes nan and inf: `--timeout nan` crashed `ask` with a
     traceback, `--max-runtime nan` was stored as a limit never reached."""
-    from engine import cli
+    from engine.cli.parser import build_parser
     CASES["cli_numbers"] += 1
     if not _PARSER:
-        _PARSER.append(cli.build_parser())
+        _PARSER.append(build_parser())
     head, dest, most = NUMBER_FLAGS[flag]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -860,22 +860,6 @@ def _finite(value) -> bool:
 
 # --- knowledge promotion records ---
 
-class Engine:
-    """What states.knowledge_approval needs of the engine."""
-
-    def __init__(self, session, docs_dir=".docs"):
-        self.session = session
-        self.config = types.SimpleNamespace(knowledge=types.SimpleNamespace(docs_dir=docs_dir))
-        self.clock = types.SimpleNamespace(now=now)
-
-    def iteration(self):
-        it = self.session.iteration()
-        return it, it.load()
-
-    def save_iteration(self, meta):
-        self.session.iteration(meta.iteration).save(meta)
-
-
 PATHS = st.one_of(st.sampled_from(
     ["knowledge/notes.md", "notes.md", "knowledge/../../../metadata.yaml",
      "knowledge/../../../../../outside/secret.txt", "/etc/hostname", "../outside/secret.txt",
@@ -906,7 +890,6 @@ def test_promotion_moves_only_staged_regular_files_into_the_docs(tmp_path_factor
                                                                  promote_template, entries,
                                                                  forged):
     import shutil
-    from states import knowledge_approval
     CASES["promote"] += 1
     base = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())) / "case"
     shutil.copytree(promote_template, base, symlinks=True)
@@ -925,7 +908,8 @@ def test_promotion_moves_only_staged_regular_files_into_the_docs(tmp_path_factor
     before_session = {k: v for k, v in tree(Path(session.dir)).items()
                       if not k.startswith("iterations/1/")}
     try:
-        knowledge_approval.promote(Engine(session), "fuzz")
+        session.iteration(1).knowledge.promote(str(ws / ".docs"), str(ws),
+                                               record={"why": "fuzz"})
     except BadInput:
         assert forged
     assert tree(outside) == before_outside

@@ -1,29 +1,33 @@
 """The table is the machine: exactly the table's (state, trigger) pairs are allowed."""
 from __future__ import annotations
 
-import io
 from datetime import datetime, timezone
 
 import pytest
 from transitions import MachineError
 
-from engine.config import Config
-from engine.driver import Engine
-from engine.machine import ACTIVE, TRANSITIONS, TRIGGERS, allowed
+from engine.clock import SystemClock
+from engine.machine import ACTIVE, TRANSITIONS, TRIGGERS, Hook, SessionMachine, allowed
+from engine.tracker import Tracker
 from session_store import PauseKind, create
-from states import State
+from states import Next, State, Trigger
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 
-def engine_in(workspace, state: State, paused_from: State | None = None) -> Engine:
+def machine_in(workspace, state: State, paused_from: State | None = None):
     session = create(str(workspace), "table walk", now=NOW, session_id=f"walk-{state.value}")
     session.metadata.orchestrator.state = state
     session.metadata.orchestrator.previous_state = paused_from
-    engine = Engine(session, Config(), out=io.StringIO())
+    tracker = Tracker(session, SystemClock())
     # the walk checks the machine alone: no mailbox, no human block
-    engine.poll_signals = lambda requested: None
-    return engine
+    return SessionMachine(tracker, before={h: lambda nxt: None for h in Hook},
+                          record=lambda lt: None), tracker
+
+
+def fire(machine, trigger: str):
+    kind = PauseKind.SIGNAL if trigger == "pause" else None
+    return machine.fire(Next(Trigger(trigger), "walk", kind))
 
 
 def test_table_matches_design():
@@ -46,30 +50,28 @@ def test_table_matches_design():
 def test_every_state_trigger_pair(tmp_path, state):
     """Fire every trigger from every state on a real engine: allowed iff in the table."""
     for trigger in TRIGGERS:
-        engine = engine_in(tmp_path / f"{state.value}-{trigger}", state,
-                           paused_from=State.EXECUTING_BATCH if state is State.PAUSED else None)
-        kwargs = {"reason": "walk", "signal": None}
-        if trigger == "pause":
-            kwargs["kind"] = PauseKind.SIGNAL
+        machine, tracker = machine_in(
+            tmp_path / f"{state.value}-{trigger}", state,
+            paused_from=State.EXECUTING_BATCH if state is State.PAUSED else None)
         if allowed(state, trigger):
-            engine.trigger(trigger, **kwargs)
+            fire(machine, trigger)
             expected = next(t.dest for t in TRANSITIONS if t.trigger == trigger
                             and state in t.sources and (t.only_if_paused_from in (None, State.EXECUTING_BATCH)))
-            assert engine.current is expected, (state, trigger)
-            assert engine.metadata.orchestrator.state is expected
+            assert machine.state is expected, (state, trigger)
+            assert tracker.metadata.orchestrator.state is expected
         else:
             with pytest.raises(MachineError):
-                engine.trigger(trigger, **kwargs)
-            assert engine.current is state
+                fire(machine, trigger)
+            assert machine.state is state
 
 
 def test_no_auto_transitions(tmp_path):
-    engine = engine_in(tmp_path, State.PLANNING)
-    assert not any(hasattr(engine, f"to_{s.value}") for s in State)
+    machine, _ = machine_in(tmp_path, State.PLANNING)
+    assert not any(hasattr(machine._model, f"to_{s.value}") for s in State)
 
 
 @pytest.mark.parametrize("paused_from", list(ACTIVE))
 def test_resume_returns_where_it_paused(tmp_path, paused_from):
-    engine = engine_in(tmp_path, State.PAUSED, paused_from=paused_from)
-    engine.trigger("resume", reason="walk", signal=None)
-    assert engine.current is paused_from
+    machine, _ = machine_in(tmp_path, State.PAUSED, paused_from=paused_from)
+    fire(machine, "resume")
+    assert machine.state is paused_from

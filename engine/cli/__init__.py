@@ -1,0 +1,48 @@
+"""The `ralph` command. Handlers import what they need when they run, so `ralph emit`
+never pays for yaml, cattrs or transitions."""
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like ^C (the session stays resumable), exit 143."""
+
+
+def _terminate(_signum, _frame):
+    raise Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["emit"]:  # agents' hot path (engine/entry.py takes it before this module)
+        from ..emit import main as emit_main
+        return emit_main(argv[1:])
+    from ..emit import is_text  # stdlib only: cheap
+    bad = next((i for i, arg in enumerate(argv, 1) if not is_text(arg)), None)
+    if bad is not None:   # bytes that are not UTF-8 reach Python as lone surrogates
+        print(f"ralph: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    import signal
+    from .parser import build_parser
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt as e:
+        print("ralph: interrupted; the session is resumable", file=sys.stderr)
+        return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
+    except Exception as e:
+        from session_store import BadInput
+        if isinstance(e, BadInput):
+            for line in str(e).splitlines():  # `validate` reports every error, one a line
+                print(f"ralph: error: {line}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if os.environ.get("RALPH_DEBUG"):
+            raise
+        print(f"ralph: internal error: {type(e).__name__}: {e} (RALPH_DEBUG=1 shows where)",
+              file=sys.stderr)
+        return EXIT_INTERNAL

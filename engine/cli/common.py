@@ -1,0 +1,28 @@
+"""What every command shares: exit codes, the workspace, the session a command means."""
+from __future__ import annotations
+
+import os
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_ABORTED, EXIT_LIMIT = 0, 1, 2, 3, 4, 5
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only open session)"
+
+
+def workspace(args) -> str:
+    return os.path.abspath(getattr(args, "workspace", None)
+                           or os.environ.get("RALPH_WORKSPACE") or os.getcwd())
+
+
+def open_session(args):
+    from session_store import BadInput, Status, load, resolve_id
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session))
+    if session.metadata.status in (Status.COMPLETED, Status.ABORTED):
+        raise BadInput(f"session {session.id} is {session.metadata.status.value}: "
+                       f"it takes no more signals")
+    return session
+
+
+def bad(message: str):
+    from session_store import BadInput
+    return BadInput(message)

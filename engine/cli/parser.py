@@ -1,0 +1,153 @@
+"""The `ralph` argument parser: every command, its flags, and the handler it runs."""
+from __future__ import annotations
+
+import sys
+
+from . import agent_tools, sessions
+from . import workspace as workspace_cmds
+from .common import EXIT_BAD_INPUT, SESSION_FLAGS_HELP
+
+
+def build_parser():
+    import argparse  # not on `ralph emit`'s path
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2, no usage dump
+            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT)
+
+    common = Parser(add_help=False)
+    common.add_argument("--workspace", default=argparse.SUPPRESS,
+                        help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
+    parser = Parser(prog="ralph", parents=[common],
+                    description="Drive coding agents through a durable, human-steerable state machine.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("init", parents=[common], help="write a commented ralph.yml with every default")
+    p.add_argument("-o", "--output", default="ralph.yml")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(handler=workspace_cmds.cmd_init)
+
+    p = sub.add_parser("validate", parents=[common], help="check a config, print every error")
+    p.add_argument("-c", "--config")
+    p.set_defaults(handler=workspace_cmds.cmd_validate)
+
+    session = sub.add_parser("session", help="start, resume and inspect sessions")
+    ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser)
+
+    def positive(kind, most=None):
+        """A flag's number: finite and above 0 (argparse's float takes nan and inf, which
+        passed every check and crashed deadlines later); seconds up to ~31 years."""
+        def parse(text):
+            try:
+                value = kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            if not 0 < value < float("inf") or (most is not None and value > most):
+                raise argparse.ArgumentTypeError(
+                    f"expected a positive number{f' of at most {most:g}' if most else ''}, "
+                    f"got {text!r}")
+            return value
+        return parse
+
+    seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads cattrs)
+
+    def limit_flags(p):
+        p.add_argument("--max-iterations", type=positive(int))
+        p.add_argument("--max-runtime", type=seconds, metavar="SECONDS")
+        p.add_argument("--max-cost", type=positive(float), metavar="USD")
+
+    p = ssub.add_parser("start", parents=[common], help="create a session and run it")
+    p.add_argument("objective", nargs="?")
+    p.add_argument("-p", "--prompt-file", metavar="FILE", help="read the objective from FILE")
+    p.add_argument("-c", "--config", help="ralph.yml (default: ./ralph.yml if present)")
+    p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
+    p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
+    limit_flags(p)
+    p.set_defaults(handler=sessions.cmd_start)
+
+    p = ssub.add_parser("resume", parents=[common], help="continue a paused or interrupted session")
+    p.add_argument("session_id", metavar="ID")
+    p.add_argument("--message", help="guidance for the next agent invocation")
+    limit_flags(p)
+    p.set_defaults(handler=sessions.cmd_resume)
+
+    p = ssub.add_parser("status", parents=[common], help="where a session stands")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=sessions.cmd_status)
+
+    p = ssub.add_parser("answer", parents=[common], help="answer a pending human question")
+    p.add_argument("session_id", metavar="ID")
+    p.add_argument("text")
+    p.add_argument("--question", metavar="QID", help="default: the only pending question")
+    p.set_defaults(handler=sessions.cmd_answer)
+
+    p = ssub.add_parser("tail", parents=[common], help="the session's events; -f follows them")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-n", "--lines", type=int, default=20, help="how many past events (default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON record a line")
+    p.set_defaults(handler=sessions.cmd_tail)
+
+    p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=sessions.cmd_list)
+
+    p = sub.add_parser("diagram", parents=[common], help="draw the machine (and a session's path)")
+    p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
+    p.add_argument("--session", help="highlight where this session stands and the path it took")
+    p.add_argument("-o", "--output", metavar="FILE")
+    p.set_defaults(handler=workspace_cmds.cmd_diagram)
+
+    bot = sub.add_parser("bot", help="the workspace's Telegram bot")
+    bsub = bot.add_subparsers(dest="bot_command", required=True, parser_class=Parser)
+    p = bsub.add_parser("run", parents=[common],
+                        help="run the Telegram bot in the foreground for every session")
+    p.add_argument("-c", "--config", help="ralph.yml (default: the workspace's, if present)")
+    p.set_defaults(handler=workspace_cmds.cmd_bot_run)
+
+    p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
+    p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
+                   type=str.lower)
+    p.add_argument("message")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("--target", default="ALL",
+                   help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")
+    p.add_argument("--iteration", type=int, help="for approve/skip: the iteration it is meant for")
+    p.add_argument("--priority", action="store_true",
+                   help="steer only: interrupt the running agent and re-run its task now")
+    p.set_defaults(handler=workspace_cmds.cmd_signal)
+
+    tools = sub.add_parser("tools", help="for agents: tools to use during a run")
+    tsub = tools.add_subparsers(dest="tool", required=True, parser_class=Parser)
+    sig = tsub.add_parser("signals", help="the signals mailbox")
+    sigsub = sig.add_subparsers(dest="signals_command", required=True, parser_class=Parser)
+    p = sigsub.add_parser("poll", parents=[common],
+                          help="take the STEER/INFO signals addressed to ALL or to this role")
+    p.add_argument("--role", help="default: $RALPH_ROLE")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=agent_tools.cmd_signals_poll)
+
+    interact = tsub.add_parser("interact", help="talk to the humans")
+    isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser)
+    p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
+    p.add_argument("question")
+    p.add_argument("--timeout", type=seconds, help="seconds (default: RObot.timeout_seconds)")
+    p.add_argument("--default", help="printed on timeout (exit 3)")
+    p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.set_defaults(handler=agent_tools.cmd_interact_ask)
+    p = isub.add_parser("progress", parents=[common], help="tell the humans how it goes")
+    p.add_argument("message")
+    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.set_defaults(handler=agent_tools.cmd_interact_progress)
+
+    p = sub.add_parser("emit", help="for agents: append an event to the session's bus")
+    p.add_argument("topic")
+    p.add_argument("payload", nargs="?")
+    p.add_argument("--json")
+    return parser
+
+

@@ -1,0 +1,148 @@
+"""`ralph session ...`: start, resume, and look at sessions; answer their questions."""
+from __future__ import annotations
+
+import os
+
+from .common import EXIT_OK, bad, workspace
+
+
+def cmd_start(args) -> int:
+    from session_store import Limits, create, dump_yaml
+
+    from .. import config as cfg
+    from .. import telegram_bot
+    config_path = args.config or ("ralph.yml" if os.path.isfile("ralph.yml") else None)
+    config = cfg.load(config_path)
+    telegram_bot.check(config)   # RObot.enabled needs a token and a chat (env counts)
+    if args.agent:
+        config.agent = _choose_agent(config.agent, args.agent)
+    objective = args.objective
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                objective = f.read()
+        except OSError as e:
+            raise bad(f"{args.prompt_file}: cannot read the objective ({e.strerror})")
+    if not objective or not objective.strip():
+        raise bad("an objective is required: ralph session start \"OBJECTIVE\" or -p FILE")
+    loop = config.event_loop
+    limits = Limits(max_iterations=loop.max_iterations,
+                    max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
+    _apply_limit_flags(limits, args)
+    from ..clock import SystemClock
+    session = create(workspace(args), objective.strip(), now=SystemClock().now(),
+                     session_id=args.id, limits=limits,
+                     config_path=os.path.abspath(config_path) if config_path else None,
+                     config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))))
+    print(f"session {session.id} created in {session.dir}", flush=True)
+    return _run(session, config, resume=False)
+
+
+def cmd_resume(args) -> int:
+    from session_store import BadInput, Status, load
+
+    from .. import config as cfg
+    session = load(workspace(args), args.session_id)
+    status = session.metadata.status
+    if status in (Status.COMPLETED, Status.ABORTED):
+        if session.has_summary():
+            raise BadInput(f"session {session.id} is {status.value}: there is nothing to resume")
+        # a crash came between the final transition and the summary: finish the closing
+        # work (the transition's record, the summary) and exit as the session ended
+        return _run(session, cfg.load_session_config(session), resume=True)
+    config = cfg.load_session_config(session)
+    from .. import telegram_bot
+    telegram_bot.check(config)
+    _apply_limit_flags(session.metadata.limits, args)
+    return _run(session, config, resume=True, message=args.message)
+
+
+def _run(session, config, *, resume: bool, message: str | None = None) -> int:
+    from session_store import acquire_lock, release_lock
+
+    from ..driver import Engine
+    lock = acquire_lock(session.dir, session.id)
+    try:
+        engine = Engine(session, config)
+        if message:
+            engine.add_resume_message(message)
+        return engine.run(resume=resume)
+    finally:
+        release_lock(lock)
+
+
+def _apply_limit_flags(limits, args) -> None:
+    if args.max_iterations is not None:
+        limits.max_iterations = args.max_iterations
+    if args.max_runtime is not None:
+        limits.max_runtime_seconds = args.max_runtime
+    if args.max_cost is not None:
+        limits.max_cost_usd = args.max_cost
+
+
+def _choose_agent(agent, name: str):
+    import attrs
+
+    from ..agents import installed_backend
+    from ..config import Backend
+    if name == "auto":
+        found = installed_backend()
+        if found is None:
+            raise bad("--agent auto: none of the agent CLIs (claude, codex, gemini, kiro, amp, "
+                       "copilot, opencode) is on the PATH")
+        return attrs.evolve(agent, backend=found)
+    try:
+        return attrs.evolve(agent, backend=Backend(name))
+    except ValueError:
+        raise bad(f"--agent {name}: expected auto or one of "
+                   f"{', '.join(b.value for b in Backend)}") from None
+
+
+def cmd_status(args) -> int:
+    import json
+
+    from session_store import resolve_id
+
+    from ..views import session_view, status_text
+    ws = workspace(args)
+    view = session_view(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    print(json.dumps(view, indent=2) if args.json else status_text(view))
+    return EXIT_OK
+
+
+def cmd_list(args) -> int:
+    import json
+
+    from ..views import list_text, list_views
+    views = list_views(workspace(args))
+    print(json.dumps(views, indent=2) if args.json else list_text(views))
+    return EXIT_OK
+
+
+def cmd_answer(args) -> int:
+    from session_store import BadInput, load, questions
+
+    from ..clock import SystemClock
+    session = load(workspace(args), args.session_id)
+    qid = args.question
+    if qid is None:
+        waiting = questions.pending(session.dir)
+        if not waiting:
+            raise BadInput(f"session {session.id} has no pending question")
+        if len(waiting) > 1:
+            raise BadInput(f"session {session.id} has several pending questions "
+                           f"({', '.join(q.id for q in waiting)}); name one with --question")
+        qid = waiting[0].id
+    from session_store import check_id
+    check_id(qid, "question id")
+    questions.answer(session.dir, qid, args.text, now=SystemClock().now(), channel="cli")
+    print(f"answered {qid}")
+    return EXIT_OK
+
+
+def cmd_tail(args) -> int:
+    from ..views import tail
+    ws = workspace(args)
+    from session_store import resolve_id
+    return tail(ws, resolve_id(ws, args.session_id, newest_if_none_open=True), follow=args.follow,
+                count=args.lines, as_json=args.json)

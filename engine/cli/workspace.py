@@ -1,0 +1,72 @@
+"""Commands on the workspace: init, validate, signals, diagrams, the Telegram bot."""
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import EXIT_OK, bad, open_session, workspace
+
+
+def cmd_signal(args) -> int:
+    from session_store import signals
+
+    from ..clock import SystemClock
+    if args.priority and args.type != "steer":
+        raise bad("--priority is for steer signals only")
+    session = open_session(args)
+    name = signals.drop(session.dir, args.type.upper(), args.message, now=SystemClock().now(),
+                        target=args.target, iteration=args.iteration, priority=args.priority)
+    print(name)
+    return EXIT_OK
+
+
+def cmd_diagram(args) -> int:
+    from ..diagram import render, session_path
+    current = taken = None
+    if args.session:
+        from session_store import resolve_id
+        ws = workspace(args)
+        current, taken = session_path(ws, resolve_id(ws, args.session, newest_if_none_open=True))
+    data = render(args.format, current, taken)
+    if args.output:
+        from session_store import write_atomic
+        write_atomic(args.output, data, "diagram")
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.buffer.write(data if data.endswith(b"\n") or args.format == "png"
+                                else data + b"\n")
+    return EXIT_OK
+
+
+def cmd_bot_run(args) -> int:
+    """The workspace's Telegram bot in the foreground, for every session."""
+    from .. import config as cfg
+    from .. import telegram_bot
+    ws = workspace(args)
+    path = args.config or (os.path.join(ws, "ralph.yml")
+                           if os.path.isfile(os.path.join(ws, "ralph.yml")) else None)
+    found = telegram_bot.settings(cfg.load(path), require_enabled=False)
+    return telegram_bot.run_foreground(ws, found)
+
+
+def cmd_init(args) -> int:
+    from importlib import resources
+
+    from session_store import write_atomic
+    path = args.output
+    if os.path.exists(path) and not args.force:
+        raise bad(f"{path} already exists; use --force to overwrite it")
+    write_atomic(path, resources.files("engine").joinpath("ralph.yml.template").read_text(),
+                 "config")
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from .. import config as cfg
+    path = args.config or "ralph.yml"
+    if not os.path.exists(path):
+        raise bad(f"{path}: no such config file")
+    cfg.load(path, all_errors=True)
+    print(f"{path}: valid")
+    return EXIT_OK

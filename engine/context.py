@@ -1,0 +1,99 @@
+"""The context the states work through (states.context.StateContext), over the engine's
+parts. It adds no behaviour of its own: each verb is one part's."""
+from __future__ import annotations
+
+from session_store import PlannedTask
+from states.context import Streaks
+
+from .attempts import run_until_outcome
+from .mailbox import Mode
+
+
+class Work:
+    def __init__(self, *, session, tracker, runner, mailbox, desk, assessor, knowledge,
+                 settings, say, wait_until):
+        self._session = session
+        self._tracker = tracker
+        self._runner = runner
+        self._mailbox = mailbox
+        self._desk = desk
+        self._assessor = assessor
+        self._knowledge = knowledge
+        self._settings = settings       # knowledge config
+        self.say = say
+        self.wait_until = wait_until
+
+    @property
+    def metadata(self):
+        return self._tracker.metadata
+
+    def now(self):
+        return self._tracker.clock.now()
+
+    # --- the iteration ---
+
+    def iteration(self):
+        return self._tracker.iteration()
+
+    def save_iteration(self, meta) -> None:
+        self._tracker.save_iteration(meta)
+
+    def iteration_files(self, number: int):
+        return self._session.iteration(number)
+
+    def tasks(self):
+        return self._tracker.tasks()
+
+    def marker(self, task_id: str) -> str:
+        return self._tracker.marker(task_id)
+
+    def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
+        self._tracker.set_marker(task_id, marker, note)
+
+    def record_plan(self, tasks: list[PlannedTask]) -> None:
+        self._tracker.record_plan(tasks)
+
+    def finish_iteration(self) -> None:
+        self._tracker.finish_iteration()
+
+    # --- agents ---
+
+    def run_role(self, role: str, task: PlannedTask | None = None):
+        return self._runner.run(role, task)
+
+    def run_until_outcome(self, role, task, pending, *, done, failed=(), blocked=None,
+                          streaks=Streaks(), after_each=None):
+        return run_until_outcome(self._runner, role, task, pending, done=done, failed=failed,
+                                 blocked=blocked, streaks=streaks, after_each=after_each)
+
+    # --- humans and the mailbox ---
+
+    def checkpoint(self):
+        return self._mailbox.poll(Mode.CHECKPOINT)
+
+    def before_task(self, task: PlannedTask):
+        self._assessor.check_in(task)
+        return self._desk.hold()
+
+    def take_decision_signals(self):
+        return self._mailbox.poll(Mode.KNOWLEDGE)
+
+    # --- knowledge ---
+
+    def knowledge_policy(self) -> tuple[str, float]:
+        return self._settings.approval.value, self._settings.timeout_seconds
+
+    def promote_knowledge(self, why: str) -> None:
+        self._knowledge.promote(why)
+
+    def keep_knowledge(self) -> None:
+        self._knowledge.keep()
+
+    def carry_knowledge(self) -> None:
+        self._knowledge.carry()
+
+    # --- the end ---
+
+    def close(self) -> None:
+        if not self._session.has_summary():
+            self._session.write_summary()

@@ -1,0 +1,8 @@
+"""The engine's side of humans in the loop: the desk that asks and holds (DESIGN §7), the
+confidence assessor that asks for help (seed 004), the blocker ledger (seed 003). Each
+returns decisions (a Next to fire) rather than raising."""
+from .blockers import BlockerLedger
+from .desk import HumanDesk
+from .fallback import Assessor
+
+__all__ = ["Assessor", "BlockerLedger", "HumanDesk"]

@@ -1,0 +1,78 @@
+"""Blocker traces (seed 003): every `blocker` event is recorded on the bus (by `ralph
+emit`, which validates it), counted by its normalised cause, and appended to the
+context-graph file when one is configured. The same cause `repeat_limit` times in a
+session pauses it with the trace as the reason, instead of looping on it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+
+from session_store import PauseKind
+from states import Next, Trigger
+
+from ..event_schemas import validate_blocker
+
+LAST_RESORT = (
+    "### Blockers (last resort)\n"
+    "Before reporting a blocker: search the workspace and the scratchpad for what you need, "
+    "try alternative approaches, consider a degraded scope (skip optional steps), and read "
+    "the project's operational notes. A blocker IS: a missing credential, access denied, an "
+    "explicit human decision required. It is NOT: uncertainty, a missing nice-to-have, an "
+    "ambiguous requirement (decide, note it in the scratchpad, go on). Report one with\n"
+    "  ralph emit blocker --json '{\"type\": \"blocker\", \"timestamp\": \"<ISO 8601>\", "
+    "\"project\": \"...\", \"issue\": null, \"attempting\": \"...\", \"cause\": \"...\", "
+    "\"attempted_resolution\": [\"...\"], \"interpretation\": \"...\"}'\n"
+    "The same cause reported three times pauses the session for a human.\n")
+
+
+def normalise(cause: str) -> str:
+    """Case, spacing and punctuation do not make a new cause."""
+    return re.sub(r"\s+", " ", re.sub(r"[^\w\s]", " ", cause.lower())).strip()
+
+
+class BlockerLedger:
+    """Observes each run's events; returns a pause when a cause came back too often."""
+
+    def __init__(self, session, settings, observations):
+        self.session = session
+        self.settings = settings            # blockers config: trace_path, repeat_limit
+        self.observations = observations    # the assessor's counters (blockers_in_iteration)
+
+    def observe(self, emitted: list[dict]) -> Next | None:
+        repeated = None
+        for event in emitted:
+            if event["topic"] != "blocker" or validate_blocker(event["payload"]) is not None:
+                continue
+            trace = event["payload"]
+            count = self.session.count_blocker(normalise(trace["cause"]), event["seq"],
+                                               keep=self.settings.repeat_limit)
+            if count is None:
+                continue  # counted before a crash: never twice
+            self.observations().blockers_in_iteration += 1
+            self._append_trace(trace)
+            if count >= self.settings.repeat_limit:
+                repeated = (trace, count)
+        if repeated:
+            trace, count = repeated
+            return Next(Trigger.PAUSE, f"the same blocker {count} times: {json.dumps(trace)}",
+                        PauseKind.BLOCKER)
+        return None
+
+    def _append_trace(self, trace: dict) -> None:
+        """The context graph: a JSONL file in the workspace (the user's, not the store's)."""
+        target = self.settings.trace_path
+        if not target:
+            return
+        target = os.path.join(self.session.workspace, os.path.expanduser(target))
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        line = json.dumps({**trace, "session": self.session.id}, ensure_ascii=False) + "\n"
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)

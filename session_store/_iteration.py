@@ -1,0 +1,203 @@
+"""`iterations/<N>/`: the plan, progress, one report per attempt, reviews, run logs and
+work-state captures of one iteration. Every name and format here is the store's own:
+callers hand over data (an Attempt, a Review) and get data back."""
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+
+import attrs
+
+from . import _progress
+from ._atomic import make_dirs, open_private, read_nofollow, write_atomic
+from ._knowledge import Knowledge
+from ._metadata import IterationMetadata, PlannedTask
+from ._schema import dump_yaml, parse_yaml, structure, unstructure
+
+METADATA_FILE = "metadata.yaml"
+ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge", "logs")
+_OUTCOME = re.compile(r"^- outcome: (\w+)", re.MULTILINE)
+
+
+@attrs.define
+class Attempt:
+    """One run of a role on a task, as its report records it."""
+    task_id: str
+    title: str
+    outcome: str            # done | failed | blocked | empty | asked | timed_out
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    events: list[tuple[str, object]]   # (topic, payload) as gated
+    output_tail: str
+
+
+@attrs.define
+class RunFiles:
+    """Where one agent run's prompt and output are kept."""
+    prompt: str
+    stdout: str
+    stderr: str
+
+    @property
+    def base(self) -> str:
+        return self.stdout[:-len(".stdout")]
+
+
+class Iteration:
+    """Files of `iterations/<N>/`. `dir` is also where agents write (RALPH_ITERATION_DIR)."""
+
+    def __init__(self, session_dir: str, number: int):
+        self.number = number
+        self.dir = os.path.join(session_dir, "iterations", str(number))
+        self.knowledge = Knowledge(self.dir)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    # --- metadata ---
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.path(METADATA_FILE))
+
+    def create(self, now: datetime, **fields) -> IterationMetadata:
+        """Make the iteration's directories, then its metadata in one write (with `fields`,
+        e.g. tasks_before), so a crash never leaves it half-initialised."""
+        for sub in ITERATION_SUBDIRS:
+            make_dirs(self.path(sub))
+        meta = IterationMetadata(iteration=self.number, started_at=now, **fields)
+        self.save(meta)
+        return meta
+
+    def load(self) -> IterationMetadata:
+        path = self.path(METADATA_FILE)
+        return structure(parse_yaml(read_nofollow(path), path), IterationMetadata, path)
+
+    def save(self, meta: IterationMetadata) -> None:
+        write_atomic(self.path(METADATA_FILE), dump_yaml(unstructure(meta)), "iteration-metadata")
+
+    # --- the plan and its progress ---
+
+    def write_plan(self, tasks: list[PlannedTask]) -> list[_progress.TaskLine]:
+        """tasks/<ID>.md, plan.md and progress.md (every task todo); the iteration's
+        metadata (planning_completed_at) is the commit point, written by the caller."""
+        for t in tasks:
+            self._write(f"tasks/{t.id}.md", f"# {t.id}: {t.title}\n\nBatch {t.batch}\n\n"
+                                            f"{t.description}\n", "task")
+        lines = [f"# Plan — iteration {self.number}", ""]
+        for batch in sorted({t.batch for t in tasks}):
+            lines += [f"## Batch {batch}", ""]
+            lines += [f"- **{t.id}**: {t.title}" + (f" — {t.description}" if t.description else "")
+                      for t in tasks if t.batch == batch]
+            lines.append("")
+        self._write("plan.md", "\n".join(lines), "plan")
+        progress = [_progress.TaskLine(t.id, t.title, t.batch) for t in tasks]
+        self.save_progress(progress)
+        return progress
+
+    def plan_text(self) -> str | None:
+        return self._read("plan.md")
+
+    def progress_text(self) -> str | None:
+        return self._read("progress.md")
+
+    def progress(self) -> list[_progress.TaskLine]:
+        text = self._read("progress.md")
+        return _progress.parse(text) if text is not None else []
+
+    def save_progress(self, tasks: list[_progress.TaskLine]) -> None:
+        write_atomic(self.path("progress.md"), _progress.render(self.number, tasks), "progress")
+
+    # --- attempts and reviews ---
+
+    def _report_path(self, task_id: str, attempt: int) -> str:
+        suffix = "" if attempt == 1 else f"-r{attempt}"
+        return self.path("reports", f"{task_id}-report{suffix}.md")
+
+    def _reports(self, task_id: str) -> list[str]:
+        found, attempt = [], 1
+        while os.path.exists(path := self._report_path(task_id, attempt)):
+            found.append(path)
+            attempt += 1
+        return found
+
+    def record_attempt(self, a: Attempt) -> str:
+        """A new report, one per attempt: -report.md, -report-r2.md, ..."""
+        path = self._report_path(a.task_id, len(self._reports(a.task_id)) + 1)
+        events = "\n".join(f"- {topic}: {payload}" for topic, payload in a.events) or "(none)"
+        write_atomic(path, (
+            f"# Report: {a.task_id} — {a.title}\n\n"
+            f"- outcome: {a.outcome}\n"
+            f"- exit code: {a.exit_code}{' (timed out)' if a.timed_out else ''}\n"
+            f"- duration: {a.duration:.2f}s\n\n"
+            f"## Events (as gated)\n\n{events}\n\n"
+            f"## Output (last lines)\n\n```\n{a.output_tail}\n```\n"), "report")
+        return path
+
+    def attempt_outcomes(self, task_id: str) -> list[str]:
+        """The outcome of each attempt at a task, oldest first."""
+        outcomes = []
+        for path in self._reports(task_id):
+            found = _OUTCOME.search(read_nofollow(path).decode("utf-8", errors="replace"))
+            outcomes.append(found.group(1) if found else "")
+        return outcomes
+
+    def latest_report(self, task_id: str) -> str | None:
+        reports = self._reports(task_id)
+        return reports[-1] if reports else None
+
+    def has_review(self, task_id: str) -> bool:
+        """The review file is a review's commit point."""
+        return os.path.exists(self.path("reviews", f"{task_id}.md"))
+
+    def write_review(self, task_id: str, title: str, verdict: str, reason) -> None:
+        self._write(f"reviews/{task_id}.md",
+                    f"# Review: {task_id} — {title}\n\nverdict: {verdict}\n\n{reason}\n", "review")
+
+    # --- agent runs ---
+
+    def run_files(self, seq: int, name: str) -> RunFiles:
+        base = self.path("logs", f"{seq:04d}-{name}")
+        return RunFiles(base + ".prompt.md", base + ".stdout", base + ".stderr")
+
+    def runs_of(self, name: str) -> int:
+        """How many runs of `name` (role, or role-task) this iteration has logs of."""
+        try:
+            return sum(1 for f in os.listdir(self.path("logs")) if f.endswith(f"-{name}.stdout"))
+        except FileNotFoundError:
+            return 0
+
+    def write_prompt(self, files: RunFiles, text: str) -> None:
+        write_atomic(files.prompt, text, "prompt")
+
+    @staticmethod
+    def open_output(path: str) -> int:
+        """A run's stdout or stderr, opened private (0600), never through a planted link."""
+        return open_private(path)
+
+    def run_logs(self) -> list[str]:
+        """The file names of every run's prompt and output, in run order."""
+        try:
+            return sorted(os.listdir(self.path("logs")))
+        except FileNotFoundError:
+            return []
+
+    # --- the rest ---
+
+    def write_work_state(self, text: str) -> str:
+        """work-state-<k>.md, a fallback's capture of where the work stands."""
+        n = 1 + sum(1 for f in os.listdir(self.dir) if f.startswith("work-state-"))
+        return self._write(f"work-state-{n}.md", text, "work-state")
+
+    def _write(self, relpath: str, text: str, kind: str) -> str:
+        path = self.path(relpath)
+        make_dirs(os.path.dirname(path))
+        write_atomic(path, text, kind)
+        return path
+
+    def _read(self, relpath: str) -> str | None:
+        try:
+            return read_nofollow(self.path(relpath)).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None

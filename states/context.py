@@ -1,0 +1,140 @@
+"""What a state's work sees: a small typed context, and the values it returns.
+
+Every call that may be preempted (a PAUSE or ABORT taken from the mailbox, a limit, a
+human's timeout policy) returns a `Next` instead of raising: the state returns it as is.
+"""
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Callable, NamedTuple, Protocol
+
+from session_store import (Iteration, IterationMetadata, PauseKind, PlannedTask,
+                           SessionMetadata, progress)
+
+COMPLETION = "LOOP_COMPLETE"   # the planner's "nothing is left" (DESIGN §5 role contract)
+
+
+class Trigger(str, enum.Enum):
+    """The machine's triggers (DESIGN §5); their rows are engine/machine/table.py."""
+    PLAN_READY = "plan_ready"
+    OBJECTIVE_MET = "objective_met"
+    BATCH_DONE = "batch_done"
+    NEXT_BATCH = "next_batch"
+    ITERATION_REVIEWED = "iteration_reviewed"
+    NEXT_ITERATION = "next_iteration"
+    PAUSE = "pause"
+    RESUME = "resume"
+    ABORT = "abort"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Next(NamedTuple):
+    """The trigger to fire and why."""
+    trigger: Trigger
+    reason: str | None = None
+    kind: PauseKind | None = None   # for pause: why, which decides the exit code
+    signal: object | None = None    # the PAUSE/ABORT signal that asked for it
+
+
+class RoleRun(NamedTuple):
+    """One agent run as a state sees it: how the process ended and what it emitted (as
+    gated)."""
+    role: str
+    events: list[dict]
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    output: str          # what it printed (its final answer where the CLI has one)
+
+    def last(self, *topics: str) -> dict | None:
+        return next((e for e in reversed(self.events) if e["topic"] in topics), None)
+
+
+class Verdict(NamedTuple):
+    """How running a role until an outcome ended."""
+    kind: str              # done | failed | thrashing | no_progress | timed_out
+    event: dict | None     # the outcome event, when there is one
+    reason: str | None
+
+
+class Streaks(NamedTuple):
+    """Consecutive blocked and empty attempts so far (kept across a resume)."""
+    blocked: int = 0
+    empty: int = 0
+
+
+AfterEach = Callable[[RoleRun, str], None]
+
+
+class StateContext(Protocol):
+    """The engine, as the states see it."""
+
+    @property
+    def metadata(self) -> SessionMetadata:
+        """The session's truth (read it; the engine changes it)."""
+
+    def now(self) -> datetime: ...
+
+    def say(self, text: str) -> None: ...
+
+    # --- the current iteration ---
+
+    def iteration(self) -> tuple[Iteration, IterationMetadata]: ...
+
+    def save_iteration(self, meta: IterationMetadata) -> None: ...
+
+    def iteration_files(self, number: int) -> Iteration:
+        """Another iteration's files (the previous one's leftovers, the next one's inbox)."""
+
+    def tasks(self) -> list[progress.TaskLine]: ...
+
+    def marker(self, task_id: str) -> str: ...
+
+    def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None: ...
+
+    def record_plan(self, tasks: list[PlannedTask]) -> None:
+        """The plan's files, then planning_completed_at: the commit point of planning."""
+
+    def finish_iteration(self) -> None: ...
+
+    # --- agents ---
+
+    def run_role(self, role: str, task: PlannedTask | None = None) -> RoleRun | Next: ...
+
+    def run_until_outcome(self, role: str, task: PlannedTask | None, pending: list[dict], *,
+                          done: tuple[str, ...], failed: tuple[str, ...] = (),
+                          blocked: str | None = None, streaks: Streaks = Streaks(),
+                          after_each: AfterEach | None = None) -> Verdict | Next: ...
+
+    # --- humans and the mailbox ---
+
+    def checkpoint(self) -> Next | None:
+        """Between tasks and reviews: take what the mailbox holds."""
+
+    def before_task(self, task: PlannedTask) -> Next | None:
+        """A check-in in collaborative mode, and the hold while a question is pending."""
+
+    # --- knowledge (KNOWLEDGE_APPROVAL) ---
+
+    def knowledge_policy(self) -> tuple[str, float]:
+        """(approval: auto | required | skip, timeout_seconds)."""
+
+    def promote_knowledge(self, why: str) -> None: ...
+
+    def keep_knowledge(self) -> None: ...
+
+    def carry_knowledge(self) -> None: ...
+
+    def take_decision_signals(self) -> Next | None:
+        """Take APPROVE / SKIP (which decide through the knowledge verbs) and the rest."""
+
+    def wait_until(self, deadline: datetime) -> None:
+        """Sleep until `deadline` or until something lands in the session."""
+
+    # --- the end ---
+
+    def close(self) -> None:
+        """The summary of a finished session (once)."""

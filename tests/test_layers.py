@@ -1,0 +1,56 @@
+"""The layers are a DAG: session_store knows nothing above it, states know no engine;
+the store owns every file name and format; no module grows past ~400 lines."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAYERS = ("session_store", "states", "engine")   # each may import only what is left of it
+MAX_LINES = 420
+# the store's own names for its files: nothing above it spells them
+STORE_FILES = ("metadata.yaml", "events.jsonl", "guidance.yaml", "scratchpad.md",
+               "summary.md", "blockers.yaml", "config.yaml", "promoted.yaml",
+               "carried_from.yaml", "progress.md", "plan.md", "session.lock")
+
+
+def modules(package: str):
+    return sorted((REPO / package).rglob("*.py"))
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_import_goes_up(layer):
+    above = LAYERS[LAYERS.index(layer) + 1:]
+    up = [f"{path.relative_to(REPO)}:{line} imports {name}"
+          for path in modules(layer) for line, name in imported(path)
+          if name.split(".")[0] in above]
+    assert not up, "\n".join(up)
+
+
+@pytest.mark.parametrize("layer", ("states", "engine"))
+def test_only_the_store_names_its_files(layer):
+    named = [f"{path.relative_to(REPO)}:{n} names {f}"
+             for path in modules(layer)
+             for n, text in enumerate(path.read_text().splitlines(), 1)
+             for f in STORE_FILES if re.search(rf"[\"'/]{re.escape(f)}[\"']", text)]
+    assert not named, "\n".join(named)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_modules_stay_small(layer):
+    big = [f"{path.relative_to(REPO)}: {n} lines" for path in modules(layer)
+           if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    assert not big, "\n".join(big)
