@@ -67,6 +67,7 @@ class AgentOverride:
 class RoleConfig:
     instructions: str | None = None
     agent: AgentOverride | None = None
+    enabled: bool = True   # the questioner's switch (off by default); the others always run
 
 
 @attrs.define
@@ -75,7 +76,7 @@ class Roles:
     executor: RoleConfig = attrs.Factory(RoleConfig)
     reviewer: RoleConfig = attrs.Factory(RoleConfig)
     librarian: RoleConfig = attrs.Factory(RoleConfig)
-    questioner: RoleConfig = attrs.Factory(RoleConfig)
+    questioner: RoleConfig = attrs.Factory(lambda: RoleConfig(enabled=False))
 
 
 @attrs.define
@@ -139,6 +140,9 @@ class Config:
     fallback: Fallback = attrs.Factory(Fallback)
     blockers: Blockers = attrs.Factory(Blockers)
 
+    def role_enabled(self, role: str) -> bool:
+        return getattr(self.roles, role).enabled
+
     def agent_for(self, role: str) -> AgentConfig:
         override = getattr(self.roles, role).agent
         if override is None:
@@ -188,6 +192,9 @@ def _range_errors(config: Config) -> list[str]:
         positive(f"{where}.timeout_seconds", agent.timeout_seconds)
         if agent.backend is Backend.COMMAND and not agent.command:
             errors.append(f"$.{where}.command: expected a non-empty argv list for backend: command")
+    for role in ROLES:
+        if role != "questioner" and not getattr(config.roles, role).enabled:
+            errors.append(f"$.roles.{role}.enabled: only the questioner can be switched off")
     positive("blockers.repeat_limit", config.blockers.repeat_limit)
     for name in ("confidence_threshold", "risk_threshold", "ambiguity_threshold",
                  "autonomous_continue", "guided_collaboration", "full_human_control"):

@@ -11,7 +11,7 @@ from .mailbox import Mode
 
 class Work:
     def __init__(self, *, session, tracker, runner, mailbox, desk, assessor, knowledge,
-                 settings, say, wait_until):
+                 config, say, wait_until):
         self._session = session
         self._tracker = tracker
         self._runner = runner
@@ -19,7 +19,7 @@ class Work:
         self._desk = desk
         self._assessor = assessor
         self._knowledge = knowledge
-        self._settings = settings       # knowledge config
+        self._config = config
         self.say = say
         self.wait_until = wait_until
 
@@ -58,6 +58,16 @@ class Work:
 
     # --- agents ---
 
+    def role_enabled(self, role: str) -> bool:
+        return self._config.role_enabled(role)
+
+    def human_answers(self, role: str) -> list[tuple[str, str]]:
+        from session_store import questions
+        d, n = self._session.dir, self._tracker.metadata.iteration
+        return [(q.text, a.text) for q in questions.questions(d)
+                if q.context.role == role and q.context.iteration == n
+                and (a := questions.read_answer(d, q.id)) is not None]
+
     def run_role(self, role: str, task: PlannedTask | None = None):
         return self._runner.run(role, task)
 
@@ -81,7 +91,8 @@ class Work:
     # --- knowledge ---
 
     def knowledge_policy(self) -> tuple[str, float]:
-        return self._settings.approval.value, self._settings.timeout_seconds
+        k = self._config.knowledge
+        return k.approval.value, k.timeout_seconds
 
     def promote_knowledge(self, why: str) -> None:
         self._knowledge.promote(why)

@@ -66,6 +66,8 @@ class Engine:
                                  work=lambda: (runner.current_task, runner.latest_outcome))
         self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]
+        runner.run_ended += [desk.release_in_run_questions, lambda unit: desk.announce()]
+        runner.woken.append(desk.announce)
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
@@ -73,7 +75,7 @@ class Engine:
             Hook.HOLD: lambda nxt: desk.hold()})
         self.work = Work(session=session, tracker=tracker, runner=runner, mailbox=self.mailbox,
                          desk=desk, assessor=self.assessor, knowledge=self.knowledge,
-                         settings=config.knowledge, say=self.say, wait_until=self.wait_until)
+                         config=config, say=self.say, wait_until=self.wait_until)
 
     @property
     def metadata(self):
@@ -88,7 +90,9 @@ class Engine:
     def run(self, resume: bool = False) -> int:
         self.console.start()
         d = self.session.dir
-        stop_watching = watch([os.path.join(d, "answers"), os.path.join(d, "questions")],
+        # the session's own directory too: what agents append to the bus while they run
+        # (in-run questions, progress notes) is shown as it lands
+        stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
                               self.wakeup, trees=[os.path.join(d, "signals")])
         stop_bot = telegram_bot.start_for_session(self.session.workspace, self.session.id,
                                                   self.config)   # a no-op unless Telegram is on
@@ -96,6 +100,9 @@ class Engine:
             self.reconcile()
             self.desk.recover()
             pending = self.mailbox.recover()
+            if pending is None and self.current not in (State.PAUSED, State.COMPLETE):
+                # an interrupted session: a PAUSE or ABORT queued meanwhile goes first
+                pending = self.mailbox.poll(Mode.CHECKPOINT)
             if pending is not None:
                 self.fire(pending)
             elif resume and self.current is State.PAUSED:
@@ -119,6 +126,14 @@ class Engine:
         policy), until one is fired."""
         before = self.current
         while (decision := self.machine.fire(nxt)) is not None:
+            if decision.trigger is Trigger.PAUSE and self.current is State.PAUSED:
+                # the hold before a resume ended in a pause (a human's answer asked for it):
+                # the resume does not happen; the session stays paused, for the new reason
+                o = self.metadata.orchestrator
+                o.pause_reason, o.pause_kind = decision.reason, decision.kind
+                self.tracker.save()
+                self.say(f"stays {self.current}: {decision.reason}")
+                return
             nxt = decision
         if nxt.signal is not None:
             self.mailbox.mark_applied(nxt.signal, nxt.trigger)
@@ -176,8 +191,13 @@ class Engine:
     # --- the runner's observers ---
 
     def _assess_run(self, result: RunResult) -> None:
+        """Fold the run in; a unit failing again and again asks for help before its next
+        run (the hold before every run waits for the answer), not only at a transition."""
         o = result.outcome
-        self.assessor.observe_run(result.emitted, result.judged, o.exit_code, o.timed_out)
+        unit = f"{self.metadata.iteration}/{result.role}/{result.task.id if result.task else ''}"
+        if self.assessor.observe_run(unit, result.emitted, result.judged, o.exit_code,
+                                     o.timed_out):
+            self.assessor.check()
 
     def _count_blockers(self, result: RunResult) -> Next | None:
         return self.ledger.observe(result.emitted)

@@ -45,7 +45,7 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
     woken = threading.Event()
     stop_watching = watch([os.path.join(session.dir, "answers"),
                            os.path.join(session.dir, "questions")], woken)
-    previous = signal.signal(signal.SIGTERM, _cancel_on_term)
+    previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term)
     try:
         while True:
             answer = questions.read_answer(session.dir, question.id)
@@ -66,12 +66,14 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
             # read again: a channel that cannot deliver it moves its deadline to now
             question = questions.load_question(session.dir, question.id)
     except KeyboardInterrupt:
-        questions.resolve(session.dir, question, questions.QuestionStatus.CANCELLED, clock.now())
+        # the run is being stopped (PAUSE, ABORT, timeout) or the human gave up waiting:
+        # the question stays answerable, and its answer goes to the next run of this unit
+        questions.mark_asker_gone(session.dir, question)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_watching()
 
 
-def _cancel_on_term(_signum, _frame):
-    raise KeyboardInterrupt  # the agent is being stopped: the question is cancelled
+def _stop_waiting_on_term(_signum, _frame):
+    raise KeyboardInterrupt  # the agent is being stopped: it stops waiting

@@ -83,6 +83,12 @@ class Mailbox:
         """Act on a taken signal. PAUSE/ABORT return the Next to fire (marked after it);
         the others are applied and marked here. Idempotent by signal name."""
         state = self._state()
+        if signal.type == "PAUSE" and signal.message:
+            # what the human said when pausing is for the run that resumes, like --message
+            self.queue_note(f"pause-{signal.name}", signal.message)
+            self.session.append_scratchpad((
+                f"- {self.clock.now().isoformat(timespec='seconds')} PAUSE: {signal.message} "
+                f"({signal.name})", signal.name))
         if signal.type == "PAUSE" and (mode is Mode.RESUME or state is State.PAUSED):
             action = "ignored: the session was paused already and is being resumed"
         elif signal.type in ("PAUSE", "ABORT"):
@@ -153,10 +159,13 @@ class Mailbox:
             signals.mark_handled(d, s, handled_by=HANDLED_BY, now=now,
                                  action=action or f"queued for {who(s)}")
 
-    def queue_event(self, item_id: str, topic: str, payload: dict) -> None:
-        """An engine event (a human's response, a timeout) for the next prompt."""
+    def queue_event(self, item_id: str, topic: str, payload: dict, *, role: str | None = None,
+                    task: str | None = None) -> None:
+        """An engine event (a human's response, a timeout) for the next prompt: of any
+        role, or of `role` (on `task`) only."""
         signals.queue_guidance(self._dir, {"id": item_id, "type": "EVENT", "topic": topic,
-                                           "target": "all", "message": payload,
+                                           "target": role or "all", "task": task,
+                                           "message": payload,
                                            "at": self.clock.now().isoformat()})
 
     def queue_note(self, item_id: str, text: str) -> None:
@@ -164,13 +173,13 @@ class Mailbox:
         signals.queue_guidance(self._dir, {"id": item_id, "type": "INFO", "target": "all",
                                            "message": text, "at": self.clock.now().isoformat()})
 
-    def guidance_for(self, role: str, unit: str) -> list[dict]:
+    def guidance_for(self, role: str, task: str | None, unit: str) -> list[dict]:
         """Queued STEER/INFO (and human responses) for this role or for all, not delivered
         yet, or delivered to an earlier run of this same unit of work: a run a crash cut
         short, or whose outcome a crash lost, gets them again. They leave the queue at the
         next transition (forget_delivered)."""
         return [g for g in signals.guidance(self._dir) if g["target"] in ("all", role)
-                and g.get("delivered_to") in (None, unit)]
+                and g.get("task") in (None, task) and g.get("delivered_to") in (None, unit)]
 
     def delivered(self, ids: list[str], unit: str) -> None:
         signals.delivered(self._dir, ids, to=unit)

@@ -32,8 +32,12 @@ DEFAULT_INSTRUCTIONS = {
         "  ralph emit knowledge.staged \"the files\"\n"
         "If nothing is worth keeping, write nothing and publish nothing."),
     "questioner": (
-        "You are the Questioner. Find what is ambiguous in the objective and ask the human "
-        "with ralph tools interact ask \"question\"; record the answers in the scratchpad."),
+        "You are the Questioner. Before the Planner plans, find what is ambiguous or missing "
+        "in the objective (scope, constraints, choices only a human can make) and ask the "
+        "human, one question at a time, with options and a default where you can:\n"
+        "  ralph tools interact ask \"question\" --option A --option B --default A\n"
+        "The answers reach the Planner. Ask nothing the objective, the specs or the code "
+        "already tell you; if nothing is ambiguous, ask nothing and end."),
 }
 
 SKILLS = (

@@ -64,6 +64,8 @@ class AgentRunner:
         self._say = say
         self.clock = clock
         self.observers: list[Observer] = []
+        self.run_ended: list[Callable[[str], None]] = []   # each gets the run's unit of work
+        self.woken: list[Callable[[], None]] = []   # run on every wakeup while an agent runs
         self.skip_cooldown = False     # a human answered: the next run starts at once
         self.current_task: PlannedTask | None = None
         self.latest_outcome: str | None = None    # the last build/verify evidence seen
@@ -83,6 +85,8 @@ class AgentRunner:
         while True:
             prepared = self._prepare(role, task, list(pending or []))
             outcome = self._execute(role, prepared.invocation)
+            for ended in self.run_ended:
+                ended(prepared.unit)
             if not outcome.stopped:
                 break
             if isinstance(self._stopping, Rerun):
@@ -144,7 +148,7 @@ class AgentRunner:
         else:
             env.pop("RALPH_TASK_ID", None)
         unit = f"{it.number}/{role}/{task.id if task else ''}"
-        guidance = self.mailbox.guidance_for(role, unit)
+        guidance = self.mailbox.guidance_for(role, task.id if task else None, unit)
         carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
         human_events = [{"topic": g["topic"], "payload": g["message"]}
                         for g in guidance if g.get("topic")]
@@ -171,6 +175,8 @@ class AgentRunner:
 
     def _stop_requested(self) -> str | None:
         """Asked by the backend whenever it wakes: PAUSE / ABORT / a priority STEER."""
+        for woken in self.woken:
+            woken()
         self._stopping = self.mailbox.poll(Mode.AGENT)
         return self._stopping.reason if self._stopping else None
 

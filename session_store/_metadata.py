@@ -76,7 +76,8 @@ class Observations:
     missing: list[str] = attrs.Factory(list)
     gates_passed: int = 0
     gates_failed: int = 0
-    errors: int = 0                    # failed or empty agent runs in this iteration
+    errors: int = 0                    # consecutive failed or empty runs of one unit of work
+    error_unit: str | None = None      # that unit: "<iteration>/<role>/<task>"
     progress_runtime: float = 0.0      # usage.runtime_seconds when a task last reached [x]
     blockers_in_iteration: int = 0
     mode: str = "autonomous"           # autonomous | collaborative (asks before each task)
@@ -125,6 +126,7 @@ class IterationMetadata:
     planning_completed_at: datetime | None = None
     completed_at: datetime | None = None
     tasks_defined: list[PlannedTask] = attrs.Factory(list)
+    questioner_done: bool = False
     librarian_done: bool = False
     knowledge_staged: bool = False
     knowledge_decision: str | None = None   # promoted | skipped | carried

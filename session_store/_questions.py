@@ -55,6 +55,14 @@ class Question:
     timeout_paused: bool = False         # on_timeout: pause has paused the session once
     delivery_failed: bool = False        # a channel could not deliver it: its deadline is moved
                                          # to that moment, so it times out under on_timeout
+    asker_gone: bool = False             # in_run: the agent that asked stopped waiting (its run
+                                         # was stopped); the answer goes to the unit's next run
+
+    @property
+    def unit(self) -> str:
+        """The unit of work that asked: "<iteration>/<role>/<task>"."""
+        c = self.context
+        return f"{c.iteration}/{c.role or ''}/{c.task or ''}"
 
 
 @attrs.define
@@ -182,6 +190,13 @@ def mark_delivery_failed(session_dir: str, qid: str, now: datetime) -> bool:
     question.deadline = min(question.deadline, now)
     save_question(session_dir, question)
     return True
+
+
+def mark_asker_gone(session_dir: str, question: Question) -> None:
+    """An in-run question outlived the run that asked it: it stays answerable."""
+    if not question.asker_gone:
+        question.asker_gone = True
+        save_question(session_dir, question)
 
 
 def resolve(session_dir: str, question: Question, status: QuestionStatus, now: datetime) -> None:

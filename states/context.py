@@ -102,6 +102,13 @@ class StateContext(Protocol):
 
     # --- agents ---
 
+    def role_enabled(self, role: str) -> bool:
+        """The questioner runs only when switched on."""
+
+    def human_answers(self, role: str) -> list[tuple[str, str]]:
+        """(question, answer) of the questions `role` asked in this iteration and a human
+        answered."""
+
     def run_role(self, role: str, task: PlannedTask | None = None) -> RoleRun | Next: ...
 
     def run_until_outcome(self, role: str, task: PlannedTask | None, pending: list[dict], *,

@@ -12,8 +12,18 @@ from .context import COMPLETION, Next, StateContext, Trigger
 
 def run(ctx: StateContext) -> Next:
     it, meta = ctx.iteration()
+    if ctx.role_enabled("questioner") and not meta.questioner_done \
+            and meta.planning_completed_at is None:
+        # the Questioner turns what is ambiguous into human questions before the plan
+        ran = ctx.run_role("questioner")
+        if isinstance(ran, Next):
+            return ran
+        meta.questioner_done = True
+        ctx.save_iteration(meta)
     if meta.planning_completed_at is None:
-        verdict = ctx.run_until_outcome("planner", None, _leftovers(ctx),
+        clarified = [{"topic": "human.response", "payload": {"question": q, "answer": a}}
+                     for q, a in ctx.human_answers("questioner")]
+        verdict = ctx.run_until_outcome("planner", None, _leftovers(ctx) + clarified,
                                         done=("plan.ready", COMPLETION))
         if isinstance(verdict, Next):
             return verdict

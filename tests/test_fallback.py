@@ -69,7 +69,8 @@ def test_engine_observations_take_precedence_over_reports():
 @pytest.mark.parametrize("obs, runtime, kind, why", [
     (Observations(reported={"task_clarity": 0.0, "solution_certainty": 0.8}), 0,
      "clarification", "low confidence"),
-    (Observations(errors=3), 0, "error_recovery", "3 errors"),
+    (Observations(errors=3, error_unit="1/executor/t1"), 0, "error_recovery",
+     "3 consecutive failures of executor t1"),
     (Observations(), 31 * 60, "guidance", "no task completed for 31.0 minutes"),
     (Observations(reported={"complexity": 9}), 0, "escalation", "complexity 9"),
     (Observations(reported={"risk": 0.9}), 0, "approval", "risk 0.90"),
@@ -156,7 +157,7 @@ def test_errors_trigger_error_recovery(workspace):
                                  {"topic": "build.done", "payload": "trust me"}]}, *DONE])
     sd = workspace / ".ralph-sessions/fb"
     q = wait_question(sd)
-    assert "**Issue**: Error Recovery" in q["text"] and "3 errors in this iteration" in q["text"]
+    assert "**Issue**: Error Recovery" in q["text"] and "3 consecutive failures of executor t1" in q["text"]
     ralph(workspace, "session", "answer", "fb", fallback.CONTINUE)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err

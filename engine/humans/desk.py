@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Callable
 
-from session_store import BadInput, PauseKind, questions
+from session_store import BadInput, PauseKind, progress, questions
 from states import Next, Trigger
 
 from ..mailbox import Mode
@@ -31,8 +31,10 @@ class HumanDesk:
         self._say = say
         self._state = state              # the machine's current state
         self.on_answer: list[AnswerObserver] = []   # the runner's cooldown, the assessor
-        # qid -> settled | timed_out: what deliver_late_answers need not read again
+        # qid -> settled | timed_out: what deliver_answers need not read again
         self._question_states: dict[str, str] = {}
+        self._announced: set[str] = set()
+        self._feed = session.events_after(None)   # the bus, for what agents tell humans
 
     @property
     def _dir(self) -> str:
@@ -55,8 +57,7 @@ class HumanDesk:
         m.pending_question = question.id
         self.tracker.save()
         self._record_question(question)
-        self._say(f"question {question.id} for a human: {question.text.splitlines()[0]}  "
-                  f"(answer: ralph session answer {self.session.id} \"...\")")
+        self.announce_question(question)
         return question
 
     def ask_from_event(self, event: dict, role: str, task) -> questions.Question:
@@ -71,6 +72,46 @@ class HumanDesk:
                         default=None if default is None else str(default), role=role,
                         task_id=task.id if task else None)
 
+    def announce_question(self, question: questions.Question) -> None:
+        """Once per engine: the whole question, its options, deadline and how to answer."""
+        if question.id in self._announced:
+            return
+        self._announced.add(question.id)
+        c = question.context
+        who = " ".join(x for x in (c.role, c.task) if x) or "the engine"
+        lines = [f"question {question.id} from {who}"
+                 + (" (its agent waits for the answer)" if question.kind == "in_run" else
+                    " (the session waits for the answer)") + ":",
+                 *[f"  {line}" for line in question.text.splitlines()]]
+        if question.options:
+            lines.append("  options: " + "  ".join(f"{i}. {o}"
+                                                  for i, o in enumerate(question.options, 1)))
+        if question.kind == "in_run":
+            then = f"the agent gets the default: {question.default}" if question.default \
+                else "the agent goes on without an answer"
+        else:
+            then = {"continue": "the session goes on without an answer",
+                    "pause": "the session pauses", "abort": "the session is aborted"}.get(
+                question.on_timeout, question.on_timeout)
+        deadline = question.deadline.astimezone().isoformat(timespec="seconds")
+        lines.append(f"  deadline {deadline}; then {then}")
+        lines.append(f"  answer: ralph session answer {self.session.id} \"...\" "
+                     f"--question {question.id}")
+        self._say("\n".join(lines))
+
+    def announce(self) -> None:
+        """What agents told the humans since the last look: in-run questions, progress."""
+        for record in self._feed.read_new():
+            payload = record.get("payload")
+            if record["topic"] == "human.progress":
+                self._say(f"progress ({record.get('source')}): {payload}")
+            elif record["topic"] == "human.question" and isinstance(payload, dict) \
+                    and payload.get("in_run") and isinstance(payload.get("id"), str):
+                try:
+                    self.announce_question(questions.load_question(self._dir, payload["id"]))
+                except BadInput:
+                    continue
+
     def _record_question(self, question: questions.Question) -> None:
         self.session.append_event("human.question", {
             "id": question.id, "text": question.text, "kind": question.kind,
@@ -81,11 +122,12 @@ class HumanDesk:
     def hold(self) -> Next | None:
         """Block while the loop's question is pending; apply its answer or its timeout.
         PAUSE / ABORT still work while it waits: their Next comes back."""
-        self.deliver_late_answers()
+        self.deliver_answers()
         qid = self.tracker.metadata.pending_question
         if not qid:
             return None
         question = questions.load_question(self._dir, qid)
+        self.announce_question(question)   # resumed into it: say what it waits for
         while True:
             answer = questions.read_answer(self._dir, qid)
             if question.status is Q.ANSWERED or answer is not None:
@@ -173,16 +215,18 @@ class HumanDesk:
 
     # --- late answers and recovery ---
 
-    def deliver_late_answers(self) -> None:
-        """An answer that came after its question timed out is kept and reaches the next
-        prompt as guidance, once.
+    def deliver_answers(self) -> None:
+        """Answers nobody is waiting for reach the next prompt, once: a late answer (its
+        question timed out) as guidance for any role; the answer to an in-run question
+        whose asker is gone as a human.response for the next run of the unit that asked.
+        An in-run question nobody waits for times out at its deadline.
 
         Called before every agent run and transition, so it reads only what can still
         change: a settled question is never read again, and one that timed out is read
         again only once an answer file exists for it; reading every question file each
         time made a long session's every step slower with each question asked."""
         known = self._question_states
-        late = []
+        waiting = []
         for qid in questions.ids(self._dir):
             if known.get(qid) == "settled":
                 continue
@@ -196,31 +240,83 @@ class HumanDesk:
                 known[qid] = "settled"
             elif question.status is Q.TIMED_OUT:
                 known[qid] = "timed_out"
-                late.append(question)
-        for question in sorted(late, key=lambda q: q.asked_at):
+                waiting.append(question)
+            elif question.asker_gone:
+                waiting.append(question)
+        for question in sorted(waiting, key=lambda q: q.asked_at):
             answer = questions.read_answer(self._dir, question.id)
-            if answer is None:
+            if question.status is Q.PENDING:
+                self._settle_orphan(question, answer)
+            elif answer is not None:
+                self._deliver_late(question, answer)
+
+    def _deliver_late(self, question: questions.Question, answer) -> None:
+        self.mailbox.queue_note(f"late-{question.id}",
+                                f"Late answer to \"{question.text}\": {answer.text}")
+        self.session.append_scratchpad(
+            (f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
+             f"{question.id}: {answer.text}", f"late answer to {question.id}"))
+        question.late_answer_delivered = True
+        questions.save_question(self._dir, question)
+        self._question_states[question.id] = "settled"
+
+    def _settle_orphan(self, question: questions.Question, answer) -> None:
+        """An in-run question whose asker is gone: its answer goes to the next run of the
+        unit that asked (or of any role, once that unit is over); its deadline still holds."""
+        now = self.clock.now()
+        if answer is None:
+            if now < question.deadline:
+                return
+            if not self._on_bus("human.timeout", question.id):
+                self.session.append_event("human.timeout", {
+                    "id": question.id, "in_run": True, "asker_gone": True,
+                    "default": question.default})
+            questions.resolve(self._dir, question, Q.TIMED_OUT, now)
+            self._question_states[question.id] = "timed_out"
+            return
+        c = question.context
+        ahead = c.role and c.iteration == self.tracker.metadata.iteration and (
+            not c.task or self.tracker.marker(c.task) not in progress.FINISHED)
+        self.mailbox.queue_event(
+            f"human.response-{question.id}", "human.response",
+            {"question": question.text, "answer": answer.text, "id": question.id},
+            role=c.role if ahead else None, task=c.task if ahead else None)
+        self.session.append_scratchpad(
+            (f"- {answer.answered_at.isoformat(timespec='seconds')} answer to {question.id} "
+             f"(\"{question.text}\"): {answer.text}", f"answer to {question.id}"))
+        if not self._on_bus("human.response", question.id):
+            self.session.append_event("human.response", {
+                "id": question.id, "answer": answer.text, "channel": answer.channel,
+                "asker_gone": True})
+        questions.resolve(self._dir, question, Q.ANSWERED, now)
+        self._question_states[question.id] = "settled"
+
+    def release_in_run_questions(self, unit: str | None = None) -> None:
+        """A run ended (or, with no unit, the engine died under every run): an in-run
+        question of it that is still pending has no asker waiting any more. It stays
+        answerable; its answer goes to the next run of the unit (deliver_answers)."""
+        for qid in questions.ids(self._dir):
+            if self._question_states.get(qid) == "settled":
                 continue
-            self.mailbox.queue_note(f"late-{question.id}",
-                                    f"Late answer to \"{question.text}\": {answer.text}")
-            self.session.append_scratchpad(
-                (f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
-                 f"{question.id}: {answer.text}", f"late answer to {question.id}"))
-            question.late_answer_delivered = True
-            questions.save_question(self._dir, question)
-            known[question.id] = "settled"
+            try:
+                question = questions.load_question(self._dir, qid)
+            except BadInput:
+                continue
+            if question.kind == "in_run" and question.status is Q.PENDING and \
+                    (unit is None or question.unit == unit):
+                questions.mark_asker_gone(self._dir, question)
 
     def recover(self) -> None:
         """After a crash: a loop question written just before the engine died is adopted
         (the question file is the commit point of asking); an in-run `ask` whose agent
-        died with the engine waits for nobody and is cancelled (the re-run asks again)."""
+        died with the engine has no asker any more (its answer goes to the unit's next
+        run)."""
+        self.release_in_run_questions()
         m = self.tracker.metadata
         for question in questions.questions(self._dir):
-            if question.status is not Q.PENDING:
+            if question.status is not Q.PENDING or question.kind == "in_run":
                 continue
-            if question.kind == "in_run":
-                questions.resolve(self._dir, question, Q.CANCELLED, self.clock.now())
-            elif m.pending_question is None:
+            if m.pending_question is None:
                 m.pending_question = question.id
                 self.tracker.save()
         # the question file is the commit point of asking, its bus record comes after: a

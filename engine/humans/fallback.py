@@ -39,8 +39,10 @@ def confidence(factors: dict[str, float]) -> float:
     return max(0.0, min(1.0, sum(WEIGHTS[k] * factors[k] for k in WEIGHTS)))
 
 
-def factors_of(obs, tasks) -> dict[str, float]:
-    """Agents' reports, with what the engine observes itself taking precedence."""
+def factors_of(obs, tasks, error_limit: int | None = None) -> dict[str, float]:
+    """Agents' reports, with what the engine observes itself taking precedence. A unit of
+    work failing again and again lowers verification and certainty with each failure (to
+    0 at `error_limit`), so the score never reads "all is well" next to an errors trigger."""
     reported = obs.reported
     factors = {k: float(reported.get(k, 1.0)) for k in WEIGHTS}
     gated = obs.gates_passed + obs.gates_failed
@@ -51,11 +53,15 @@ def factors_of(obs, tasks) -> dict[str, float]:
         factors["precedent_match"] = tasks.completed / finished
     if obs.blockers_in_iteration:
         factors["resource_availability"] = max(0.0, 1.0 - 0.5 * obs.blockers_in_iteration)
+    if error_limit and obs.errors:
+        failing = max(0.0, 1.0 - obs.errors / error_limit)
+        for factor in ("verification_success", "solution_certainty"):
+            factors[factor] = min(factors[factor], failing)
     return factors
 
 
 def assess(obs, tasks, runtime_seconds: float, cfg, now) -> Assessment:
-    factors = factors_of(obs, tasks)
+    factors = factors_of(obs, tasks, cfg.error_count_threshold)
     score = confidence(factors)
     triggers: list[tuple[str, str]] = []   # (fallback type, why)
     if score < cfg.confidence_threshold and obs.mode == "autonomous":
@@ -63,7 +69,8 @@ def assess(obs, tasks, runtime_seconds: float, cfg, now) -> Assessment:
         triggers.append((TYPE_OF_FACTOR[lowest], f"low confidence: {score:.2f} "
                                                  f"(lowest: {lowest} {factors[lowest]:.2f})"))
     if obs.errors >= cfg.error_count_threshold:
-        triggers.append(("error_recovery", f"{obs.errors} errors in this iteration"))
+        unit = " of " + " ".join(obs.error_unit.split("/")[1:]).strip() if obs.error_unit else ""
+        triggers.append(("error_recovery", f"{obs.errors} consecutive failures{unit}"))
     idle = runtime_seconds - obs.progress_runtime
     if idle > cfg.no_progress_minutes * 60:
         triggers.append(("guidance", f"no task completed for {idle / 60:.1f} minutes"))
@@ -106,8 +113,11 @@ class Assessor:
     def obs(self):
         return self.tracker.metadata.fallback
 
-    def observe_run(self, emitted: list[dict], judged: list[dict], exit_code, timed_out) -> None:
-        """Fold one agent run into the observations."""
+    def observe_run(self, unit: str, emitted: list[dict], judged: list[dict], exit_code,
+                    timed_out) -> bool:
+        """Fold one run of a unit of work ("<iteration>/<role>/<task>") into the
+        observations; True when that unit has now failed `error_count_threshold` times in a
+        row."""
         obs = self.obs
         for event in emitted:
             # what `ralph emit confidence` validates: an agent appending to the bus directly
@@ -129,8 +139,14 @@ class Assessor:
         outcomes = {"build.done", "review.done", "review.rejected", "plan.ready",
                     "LOOP_COMPLETE", "human.interact", "knowledge.staged"} | failed_topics
         topics = {e["topic"] for e in judged}
-        if timed_out or exit_code or topics & failed_topics or not topics & outcomes:
-            obs.errors += 1
+        # a Librarian with nothing worth keeping stages nothing: that is its normal outcome
+        silent = not topics & outcomes and unit.split("/")[1] != "librarian"
+        if timed_out or exit_code or topics & failed_topics or silent:
+            obs.errors = obs.errors + 1 if obs.error_unit == unit else 1
+            obs.error_unit = unit
+        else:
+            obs.errors, obs.error_unit = 0, None
+        return obs.errors >= self.settings.error_count_threshold
 
     def task_completed(self) -> None:
         self.obs.progress_runtime = self.tracker.metadata.usage.runtime_seconds
@@ -209,7 +225,7 @@ class Assessor:
         for key in ("complexity", "risk", "ambiguity"):
             obs.reported.pop(key, None)
         obs.approaches, obs.missing = [], []
-        obs.errors = 0
+        obs.errors, obs.error_unit = 0, None
         obs.progress_runtime = self.tracker.metadata.usage.runtime_seconds
         if kind == "error_recovery":
             obs.gates_passed = obs.gates_failed = 0

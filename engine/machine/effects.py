@@ -10,7 +10,7 @@ def next_iteration(tracker, nxt) -> None:
     tracker.metadata.batch = 1
     observed = tracker.metadata.fallback  # the assessor's counters are per iteration
     observed.gates_passed = observed.gates_failed = observed.blockers_in_iteration = 0
-    observed.errors = 0
+    observed.errors, observed.error_unit = 0, None
 
 
 def next_batch(tracker, nxt) -> None:
@@ -31,6 +31,8 @@ def resume(tracker, nxt) -> None:
     o = tracker.metadata.orchestrator
     o.pause_reason = o.pause_kind = None
     tracker.metadata.status = Status.ACTIVE
+    # the operator looked at it: failures from before the pause are not a streak to report
+    tracker.metadata.fallback.errors = 0
 
 
 def complete(tracker, nxt) -> None:
