@@ -9,7 +9,7 @@ import time
 
 import yaml
 
-from conftest import (FAST, base_env, events, metadata, only_session, ralph, spawn, wait_for,
+from conftest import (FAST, base_env, events, metadata, ralph, spawn, wait_for,
                       write_config, write_scenario)
 from test_gates import DONE, EVIDENCE, plan, prompts
 
