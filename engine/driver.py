@@ -21,8 +21,8 @@ import threading
 from session_store import PauseKind, Session, State, Status
 from states import WORK, Next, Trigger
 
-from . import telegram_bot
 from .agents import make_agent
+from .channels import telegram
 from .clock import SystemClock
 from .config import Config
 from .console import Console
@@ -94,8 +94,7 @@ class Engine:
         # (in-run questions, progress notes) is shown as it lands
         stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
                               self.wakeup, trees=[os.path.join(d, "signals")])
-        stop_bot = telegram_bot.start_for_session(self.session.workspace, self.session.id,
-                                                  self.config)   # a no-op unless Telegram is on
+        stop_bot = telegram.start_for_session(self.session.workspace, self.session.id, self.config)
         try:
             self.reconcile()
             self.desk.recover()

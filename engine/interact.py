@@ -43,8 +43,14 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                                             "deadline": question.deadline.isoformat()},
                          source=os.environ.get("RALPH_ROLE") or "cli")
     woken = threading.Event()
+
+    def changed(path: str) -> None:
+        # only this question's files wake the agent: waking on every file of a write
+        # (temp file, data, link) fought the watcher's threads for the interpreter
+        if questions.question_id(os.path.basename(path)) == question.id:
+            woken.set()
     stop_watching = watch([os.path.join(session.dir, "answers"),
-                           os.path.join(session.dir, "questions")], woken)
+                           os.path.join(session.dir, "questions")], None, notify=changed)
     previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term)
     try:
         while True:
@@ -53,6 +59,9 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                 questions.resolve(session.dir, question, questions.QuestionStatus.ANSWERED,
                                   clock.now())
                 return answer.text, True
+            # read again (after the answer, which is what the agent waits for): a channel
+            # that cannot deliver it moves its deadline to now
+            question = questions.load_question(session.dir, question.id)
             left = (question.deadline - clock.now()).total_seconds()
             if left <= 0:
                 questions.resolve(session.dir, question, questions.QuestionStatus.TIMED_OUT,
@@ -63,8 +72,6 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                 return default, False
             woken.wait(left)
             woken.clear()
-            # read again: a channel that cannot deliver it moves its deadline to now
-            question = questions.load_question(session.dir, question.id)
     except KeyboardInterrupt:
         # the run is being stopped (PAUSE, ABORT, timeout) or the human gave up waiting:
         # the question stays answerable, and its answer goes to the next run of this unit
@@ -72,7 +79,9 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        stop_watching()
+        # stopping the watcher joins watchdog's threads (up to ~20 ms): not on the way
+        # from the answer to the agent
+        threading.Thread(target=stop_watching, name="stop-watching", daemon=True).start()
 
 
 def _stop_waiting_on_term(_signum, _frame):

@@ -192,42 +192,68 @@ class Mailbox:
         signals.drop(self._dir, "INFO", text, now=self.clock.now())
 
 
-def watch(paths: list[str], wakeup: threading.Event, trees: list[str] = ()):
+def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (),
+          notify: Callable[[str], None] | None = None) -> "Watching":
     """Wake the engine when a file lands in one of `paths`, or anywhere under `trees`
-    (inotify through watchdog; a polling observer where no watcher works). Returns a
-    function that stops it.
+    (inotify through watchdog; a polling observer where no watcher works). `notify`, if
+    given, is called with every changed path (both of a move), from the watcher's thread.
+    Returns a function that stops it (and whose `add` watches one more directory).
 
     A file renamed out of a watched directory into an unwatched one leaves watchdog
     holding the move half-paired for 0.5 s, and every event behind it too: so the
     mailbox is watched as the whole `signals/` tree, where a take is one paired move."""
     import logging
 
-    from watchdog.events import FileSystemEventHandler
+    from watchdog import events as ev
     from watchdog.observers import Observer
     from watchdog.observers.polling import PollingObserver
 
     # watchdog logs a harmless race at shutdown as an error; nothing of it is ours to show
     logging.getLogger("watchdog").setLevel(logging.CRITICAL)
 
-    class Wake(FileSystemEventHandler):
+    # what wakes a watcher: writes. Opens and reads are left out at the kernel (inotify's
+    # mask): waking on them made a waiting engine wake itself with its own reads, at a
+    # full core, and even ignored they cost a trip through watchdog's threads each
+    writes = [ev.FileCreatedEvent, ev.FileModifiedEvent, ev.FileDeletedEvent, ev.FileMovedEvent,
+              ev.FileClosedEvent, ev.DirCreatedEvent, ev.DirModifiedEvent, ev.DirDeletedEvent,
+              ev.DirMovedEvent]
+
+    class Wake(ev.FileSystemEventHandler):
         def on_any_event(self, event):
-            # watchdog also reports reads; waking on them made a waiting engine wake
-            # itself with its own reads, at a full core
-            if event.event_type not in ("opened", "closed_no_write"):
+            if notify is not None:
+                notify(event.src_path)
+                if event.dest_path:
+                    notify(event.dest_path)
+            if wakeup is not None:
                 wakeup.set()
 
     for make in (Observer, lambda: PollingObserver(timeout=0.1)):
         observer = make()
         try:
             for path in paths:
-                observer.schedule(Wake(), path, recursive=False)
+                observer.schedule(Wake(), path, recursive=False, event_filter=writes)
             for path in trees:
-                observer.schedule(Wake(), path, recursive=True)
+                observer.schedule(Wake(), path, recursive=True, event_filter=writes)
             observer.start()
         except Exception:
             continue
-        def stop(observer=observer):
-            observer.stop()
-            observer.join(timeout=2)
-        return stop
-    return lambda: None
+        return Watching(observer, Wake(), writes)
+    return Watching(None, None, writes)
+
+
+class Watching:
+    """A running watcher: calling it stops it; `add(path)` watches one more directory
+    (not recursively), e.g. a session that appeared after it started."""
+
+    def __init__(self, observer, handler, events):
+        self._observer, self._handler, self._events = observer, handler, events
+
+    def add(self, path: str) -> None:
+        if self._observer is not None:
+            self._observer.schedule(self._handler, path, recursive=False,
+                                    event_filter=self._events)
+
+    def __call__(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)

@@ -1,9 +1,13 @@
 """Human questions and their one answer (DESIGN §7).
 
 `questions/<QID>.yaml` is rewritten atomically as its status moves (pending ->
-answered | timed_out | cancelled). `answers/<QID>.yaml` is created exclusively: the
-first answer wins, a second is refused and changes nothing. Channels (the CLI,
-Telegram) only write answers; whoever waits on the question resolves its status.
+answered | timed_out | cancelled), by whoever waits on it and by nobody else.
+`answers/<QID>.yaml` is created exclusively: the first answer wins, a second is refused
+and changes nothing. A channel that could not deliver a question says so in a file of its
+own, `questions/<QID>.undeliverable` (created exclusively too); a reader of the question
+sees its deadline moved to that moment, so the waiter applies the timeout at once, and a
+channel never rewrites the question file (two writers raced: a timed-out question could
+fall back to pending).
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from ._atomic import create_exclusive, write_atomic
 from ._errors import BadInput
 from ._schema import dump_yaml, parse_yaml, structure, unstructure
 from ._session import check_id
+
+UNDELIVERABLE = ".undeliverable"   # questions/<QID>.undeliverable: a channel gave up on it
 
 
 class QuestionStatus(enum.Enum):
@@ -55,6 +61,8 @@ class Question:
     timeout_paused: bool = False         # on_timeout: pause has paused the session once
     delivery_failed: bool = False        # a channel could not deliver it: its deadline is moved
                                          # to that moment, so it times out under on_timeout
+                                         # (read from the .undeliverable mark while pending;
+                                         # kept in the file once resolved, and in old sessions)
     asker_gone: bool = False             # in_run: the agent that asked stopped waiting (its run
                                          # was stopped); the answer goes to the unit's next run
 
@@ -63,6 +71,14 @@ class Question:
         """The unit of work that asked: "<iteration>/<role>/<task>"."""
         c = self.context
         return f"{c.iteration}/{c.role or ''}/{c.task or ''}"
+
+
+@attrs.define
+class Undeliverable:
+    """`questions/<QID>.undeliverable`: a channel gave up delivering the question."""
+    question: str
+    at: datetime
+    channel: str
 
 
 @attrs.define
@@ -79,6 +95,26 @@ def _qpath(session_dir: str, qid: str) -> str:
 
 def _apath(session_dir: str, qid: str) -> str:
     return os.path.join(session_dir, "answers", f"{check_id(qid, 'question id')}.yaml")
+
+
+def _mpath(session_dir: str, qid: str) -> str:
+    return os.path.join(session_dir, "questions",
+                        f"{check_id(qid, 'question id')}{UNDELIVERABLE}")
+
+
+def question_id(name: str) -> str | None:
+    """The question a file of `questions/` belongs to (None for anything else: temp
+    files, strays), for watchers that are told a file name changed."""
+    if name.startswith("."):
+        return None
+    for suffix in (".yaml", UNDELIVERABLE):
+        if name.endswith(suffix):
+            qid = name[:-len(suffix)]
+            try:
+                return check_id(qid, "question id")
+            except BadInput:
+                return None
+    return None
 
 
 def _read_own(path: str, fd: int) -> bytes:
@@ -118,7 +154,27 @@ def load_question(session_dir: str, qid: str) -> Question:
     question = structure(parse_yaml(_read_own(path, fd), path), Question, path)
     if question.id != qid:   # its id names the file every later write goes to
         raise BadInput(f"{path}: $.id: expected {qid!r}, got {question.id[:80]!r}")
+    if question.status is QuestionStatus.PENDING and not question.delivery_failed:
+        mark = _read_undeliverable(session_dir, qid)
+        if mark is not None:
+            question.delivery_failed = True
+            question.deadline = min(question.deadline, mark.at)
     return question
+
+
+def _read_undeliverable(session_dir: str, qid: str) -> Undeliverable | None:
+    return _read_if_there(_mpath(session_dir, qid), Undeliverable)
+
+
+def _read_if_there(path: str, cls):
+    """The file at `path` as a `cls`, or None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
+    return structure(parse_yaml(_read_own(path, fd), path), cls, path)
 
 
 def ids(session_dir: str) -> list[str]:
@@ -168,28 +224,22 @@ def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str
 
 
 def read_answer(session_dir: str, qid: str) -> Answer | None:
-    path = _apath(session_dir, qid)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
-    return structure(parse_yaml(_read_own(path, fd), path), Answer, path)
+    return _read_if_there(_apath(session_dir, qid), Answer)
 
 
-def mark_delivery_failed(session_dir: str, qid: str, now: datetime) -> bool:
-    """A channel gave up delivering a pending question: its deadline becomes `now`, so
-    whoever waits on it applies its timeout at once. False when it waits no more
-    (answered, resolved) or was marked already."""
+def mark_undeliverable(session_dir: str, qid: str, now: datetime, *,
+                       channel: str = "telegram") -> bool:
+    """A channel gave up delivering a pending question: `questions/<QID>.undeliverable`
+    (created exclusively; the question file is left to its waiter), so readers see its
+    deadline moved to `now` and whoever waits on it applies its timeout at once. False
+    when it waits no more (answered, resolved) or was marked already."""
     question = load_question(session_dir, qid)
     if question.status is not QuestionStatus.PENDING or question.delivery_failed \
             or has_answer(session_dir, qid):
         return False
-    question.delivery_failed = True
-    question.deadline = min(question.deadline, now)
-    save_question(session_dir, question)
-    return True
+    mark = Undeliverable(question=qid, at=now, channel=channel)
+    return create_exclusive(_mpath(session_dir, qid), dump_yaml(unstructure(mark)),
+                            "question-undeliverable")
 
 
 def mark_asker_gone(session_dir: str, question: Question) -> None:

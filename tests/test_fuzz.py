@@ -648,7 +648,7 @@ BOT_ID = 4242
 
 
 class StandInBot:
-    """What Channel needs of python-telegram-bot's Bot: an id and send_message."""
+    """What the bot's Transport needs of python-telegram-bot's Bot: an id and send_message."""
     id = BOT_ID
 
     def __init__(self):
@@ -721,27 +721,39 @@ def updates(draw):
 
 @pytest.fixture(scope="module")
 def telegram_ws(tmp_path_factory):
-    from engine import telegram_bot
+    from engine.channels.telegram.commands import Commands
+    from engine.channels.telegram.inbox import Inbox
+    from engine.channels.telegram.settings import Log
+    from engine.channels.telegram.state import BotState
+    from engine.channels.telegram.transport import Transport
     ws = tmp_path_factory.mktemp("tgfuzz")
     session = create(str(ws), "telegram fuzz", now=now(), session_id="s1")
     _ask(session.dir, "q1")
     outside = tmp_path_factory.mktemp("tgoutside")
     (outside / "victim.txt").write_text("outside\n")
-    settings_ = telegram_bot.Settings(TOKEN, "http://127.0.0.1:9", [ALLOWED])
     logs: list[str] = []
-    channel = telegram_bot.Channel(str(ws), settings_, primary="s1", log=logs.append)
-    channel.state.messages[f"{ALLOWED}:5001"] = {"session": "s1", "question": "q1"}
-    channel.bot = StandInBot()
-    channel._cmd_resume = lambda sid, rest: f"(resume of {sid} not started in this test)"
+    log = Log(TOKEN, logs.append)
+    bot = StandInBot()
+
+    async def never_sleep(_seconds):
+        return True   # a failed send is not retried here: the bot is "stopping"
+
+    state = BotState(str(ws / ".ralph-sessions/.telegram/state.yaml"), str(ws), log)
+    state.remember(ALLOWED, 5001, "s1", "q1")
+    commands = Commands(str(ws), log, primary="s1",
+                        state_dir=str(ws / ".ralph-sessions/.telegram"))
+    commands.resume = lambda sid, rest: f"(resume of {sid} not started in this test)"
+    inbox = Inbox(str(ws), [ALLOWED], Transport(TOKEN, "http://127.0.0.1:9", log, never_sleep,
+                                                bot=bot), state, commands, log, never_sleep)
     loop = asyncio.new_event_loop()
-    yield ws, outside, channel, logs, loop
+    yield ws, outside, inbox, bot, logs, loop
     loop.close()
 
 
-async def _handle_and_reply(channel, update):
-    channel._handle(update)
-    if channel._replies:
-        await asyncio.gather(*list(channel._replies))
+async def _handle_and_reply(inbox, update):
+    await inbox.handle(update)
+    if inbox.replies:
+        await asyncio.gather(*list(inbox.replies))
 
 
 @settings(**budget("telegram", 400))
@@ -749,12 +761,12 @@ async def _handle_and_reply(channel, update):
 def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
     from telegram import Update
     CASES["telegram"] += 1
-    ws, outside, channel, logs, loop = telegram_ws
+    ws, outside, inbox, bot, logs, loop = telegram_ws
     data, junk = drawn
     junk = junk or not _utf8(json.dumps(data, ensure_ascii=False, default=str))
     sdir = ws / ".ralph-sessions/s1"
     before, before_outside = tree(ws), tree(outside)
-    channel.bot.sent.clear()
+    bot.sent.clear()
     try:
         update = Update.de_json(json.loads(json.dumps(data, default=str)), None)
     except Exception:
@@ -766,7 +778,7 @@ def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
         message = update.message
         try:
             with time_limit(20, "telegram _handle"):
-                loop.run_until_complete(_handle_and_reply(channel, update))
+                loop.run_until_complete(_handle_and_reply(inbox, update))
         except AssertionError:
             raise
         except Exception:
@@ -776,16 +788,16 @@ def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
         chat = getattr(message, "chat_id", None) if message is not None else None
         if chat != ALLOWED:
             assert tree(ws) == before, "a chat outside allowed_chat_ids changed the store"
-            assert channel.bot.sent == []
+            assert bot.sent == []
         else:
-            assert {c for c, _t in channel.bot.sent} <= {ALLOWED}
+            assert {c for c, _t in bot.sent} <= {ALLOWED}
     assert tree(outside) == before_outside
     for path, (kind, _content) in tree(ws).items():
         assert not path.startswith(".ralph-sessions/s1/answers/") or \
             path == ".ralph-sessions/s1/answers/q1.yaml", path
         assert kind != "l", path
     assert not any(TOKEN.split(":")[1] in line for line in logs)
-    for t in channel.bot.sent:
+    for t in bot.sent:
         assert TOKEN.split(":")[1] not in t[1]
     # what an allowed chat did is undone, so every case starts from the same store
     for sub in ("answers", "signals/inputs"):

@@ -32,7 +32,7 @@ N-1 is a kill right before write N, so every "before" is covered too (and the ki
 a process's first write is that process not having run: the resume after it).
 
 The humans are a thread of the test (Human): the first question is answered the moment its
-file appears; the second one's channel gives up on it (questions.mark_delivery_failed, as
+file appears; the second one's channel gives up on it (questions.mark_undeliverable, as
 the Telegram channel does after its retries), which moves its deadline to now, so its
 timeout applies at once. The engine waits for them (RObot.timeout_seconds is 20 s), so
 neither outcome races a clock, and a session killed while a question is pending finds it
@@ -202,7 +202,7 @@ class Human(threading.Thread):
                 except BadInput:
                     pass
             elif q.text == TIMES_OUT:
-                questions.mark_delivery_failed(str(self.sd), q.id, now)
+                questions.mark_undeliverable(str(self.sd), q.id, now)
             else:
                 self.unexpected.append(q.text)
 

@@ -97,19 +97,19 @@ def test_enabled_without_token_or_chats_is_refused(workspace, fake):
 
 def test_settings_precedence_and_repr():
     from engine import config as cfg
-    from engine import telegram_bot
+    from engine.channels import telegram
     config = cfg.parse("RObot: {enabled: true, telegram: {bot_token: 'c:fromconfig', "
                        "api_url: 'http://config.example/', allowed_chat_ids: [5]}}\n", "x")
-    s = telegram_bot.settings(config, environ={})
+    s = telegram.settings(config, environ={})
     assert (s.token, s.api_url, s.chats) == ("c:fromconfig", "http://config.example", [5])
-    s = telegram_bot.settings(config, environ={"RALPH_TELEGRAM_BOT_TOKEN": "e:fromenv",
+    s = telegram.settings(config, environ={"RALPH_TELEGRAM_BOT_TOKEN": "e:fromenv",
                                                "RALPH_TELEGRAM_API_URL": "http://env.example"})
     assert (s.token, s.api_url) == ("e:fromenv", "http://env.example")
     assert "fromenv" not in repr(s)
     config.RObot.telegram.api_url = None
-    assert telegram_bot.settings(config, environ={}).api_url == "https://api.telegram.org"
+    assert telegram.settings(config, environ={}).api_url == "https://api.telegram.org"
     config.RObot.enabled = False
-    assert telegram_bot.settings(config, environ={}) is None
+    assert telegram.settings(config, environ={}) is None
 
 
 # --- questions and answers ---

@@ -10,10 +10,10 @@ def cmd_start(args) -> int:
     from session_store import Limits, create, dump_yaml
 
     from .. import config as cfg
-    from .. import telegram_bot
+    from ..channels import telegram
     config_path = args.config or ("ralph.yml" if os.path.isfile("ralph.yml") else None)
     config = cfg.load(config_path)
-    telegram_bot.check(config)   # RObot.enabled needs a token and a chat (env counts)
+    telegram.check(config)   # RObot.enabled needs a token and a chat (env counts)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -51,8 +51,8 @@ def cmd_resume(args) -> int:
         # work (the transition's record, the summary) and exit as the session ended
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
-    from .. import telegram_bot
-    telegram_bot.check(config)
+    from ..channels import telegram
+    telegram.check(config)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
 

@@ -41,12 +41,12 @@ def cmd_diagram(args) -> int:
 def cmd_bot_run(args) -> int:
     """The workspace's Telegram bot in the foreground, for every session."""
     from .. import config as cfg
-    from .. import telegram_bot
+    from ..channels import telegram
     ws = workspace(args)
     path = args.config or (os.path.join(ws, "ralph.yml")
                            if os.path.isfile(os.path.join(ws, "ralph.yml")) else None)
-    found = telegram_bot.settings(cfg.load(path), require_enabled=False)
-    return telegram_bot.run_foreground(ws, found)
+    found = telegram.settings(cfg.load(path), require_enabled=False)
+    return telegram.run_foreground(ws, found)
 
 
 def cmd_init(args) -> int:

@@ -1,0 +1,267 @@
+"""What the bot does for a chat, through the store: answers, guidance, and the commands
+/status /tasks /tail /pause /resume /stop /approve /skip /help.
+
+Like every channel it only reads the store and writes store files: answers
+(`questions.answer(channel="telegram")`) and signal files (guidance is an INFO signal for
+ALL; /pause PAUSE, /stop ABORT, /approve APPROVE, /skip SKIP). /resume starts
+`ralph session resume ID` as a detached process. Everything here is synchronous store
+I/O: the bot calls `Commands.run` off its event loop, in a worker thread.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+
+from session_store import BadInput, Status, list_ids, load, make_dirs, questions, signals
+
+from . import router
+from .settings import Log
+from .texts import clip, short
+
+HELP = """Commands (SESSION is optional: the primary session by default):
+/status [SESSION] - state, iteration, tasks, pending questions
+/tasks [SESSION] - the current iteration's tasks
+/tail [SESSION] [N] - the last N events (default 10)
+/pause [SESSION] [reason] - pause the session (resumable)
+/resume [SESSION] - resume a paused session
+/stop [SESSION] [reason] - abort the session
+/approve [SESSION] - promote the staged knowledge (KNOWLEDGE_APPROVAL)
+/skip [SESSION] - keep the staged knowledge staged
+/help - this list
+
+Reply to a question's message to answer it. "@SESSION text" is guidance for that session;
+any other text is guidance for the primary session ({primary})."""
+_KNOWLEDGE = ("{kind} sent to session {{sid}} for iteration {{iteration}}: the staged knowledge "
+              "is {what} once the session waits in KNOWLEDGE_APPROVAL (it is in {{state}}).")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Commands:
+    """Carries out the router's actions for one workspace; returns the text to reply."""
+
+    def __init__(self, workspace: str, log: Log, *, primary: str | None = None,
+                 state_dir: str):
+        self.ws = workspace
+        self.fixed_primary = primary
+        self.state_dir = state_dir   # where /resume's engines write their output
+        self.log = log
+
+    def run(self, action: router.Action, chat: int | None = None) -> str | None:
+        if isinstance(action, router.Ignore):
+            self.log(action.reason)
+            return None
+        if isinstance(action, router.Say):
+            return action.text
+        if isinstance(action, router.Answer):
+            return self.answer(action.session, action.question, action.text, chat)
+        if isinstance(action, router.Guidance):
+            sid = action.session or self.primary()
+            if sid is None:
+                return "No open session to guide. /status lists the sessions."
+            return self.guidance(sid, action.text)
+        handler = getattr(self, "help" if action.name == "start" else action.name)
+        return handler(action.session, action.rest)
+
+    def primary(self) -> str | None:
+        """The engine's session when an engine runs the bot; else the newest open one."""
+        if self.fixed_primary:
+            return self.fixed_primary
+        newest = None
+        for sid in list_ids(self.ws):
+            try:
+                m = load(self.ws, sid).metadata
+            except BadInput:
+                continue
+            if m.status not in (Status.COMPLETED, Status.ABORTED) and \
+                    (newest is None or m.created_at > newest[0]):
+                newest = (m.created_at, sid)
+        return newest[1] if newest else None
+
+    # --- answers and guidance ---
+
+    def answer(self, sid: str, qid: str, text: str, chat: int | None = None) -> str:
+        try:
+            session = load(self.ws, sid)
+        except BadInput:
+            return f"Session {sid} is gone: the answer could not be recorded."
+        try:
+            questions.answer(session.dir, qid, text, now=_utcnow(), channel="telegram")
+        except BadInput as e:
+            if "already answered" in str(e):
+                try:
+                    earlier = questions.read_answer(session.dir, qid)
+                except BadInput:
+                    earlier = None
+                said = f" ({earlier.channel}): {clip(earlier.text, 300)}" if earlier else ""
+                return (f"Thank you, but question {qid} of session {sid} was already "
+                        f"answered{said}. Your reply changed nothing.")
+            if "cancelled" in str(e):
+                return f"Question {qid} of session {sid} was cancelled: it takes no answer now."
+            return f"Your answer could not be recorded: {e}"
+        self.log(f"answer to question {qid} of session {sid} from chat {chat}")
+        q = questions.load_question(session.dir, qid)
+        if q.status is questions.QuestionStatus.TIMED_OUT:
+            return (f"Answer recorded for question {qid}. It had timed out already, so it "
+                    f"reaches session {sid}'s next prompt as guidance.")
+        return f"Answer recorded for question {qid} of session {sid}."
+
+    def guidance(self, sid: str, text: str) -> str:
+        session, why = self._open(sid)
+        if session is None:
+            return why
+        signals.drop(session.dir, "INFO", text, now=_utcnow(), target="ALL")
+        self.log(f"guidance for session {sid}")
+        reply = f"Guidance queued for session {sid}: it reaches the next agent prompt."
+        waiting = questions.pending(session.dir)
+        if waiting:
+            reply += (f"\n(Session {sid} waits for an answer to question {waiting[0].id}: "
+                      f"reply to that question's message to answer it.)")
+        return reply
+
+    def _open(self, sid: str):
+        """(session, None) or (None, why not) for a session that takes signals."""
+        try:
+            session = load(self.ws, sid)
+        except BadInput:
+            return None, f"There is no session {sid} in this workspace."
+        status = session.metadata.status
+        if status in (Status.COMPLETED, Status.ABORTED):
+            return None, f"Session {sid} is {status.value}: it takes no more signals."
+        return session, None
+
+    def _pick(self, sid: str | None) -> tuple[str | None, str | None]:
+        sid = sid or self.primary()
+        if sid is None:
+            return None, "No open session; name one (/status lists them)."
+        return sid, None
+
+    # --- the commands: (session or None, the rest of the line) -> the reply ---
+
+    def help(self, _sid, _rest) -> str:
+        return HELP.format(primary=self.primary() or "none open")
+
+    def status(self, sid, _rest) -> str:
+        from ...views import list_text, list_views, session_view, status_text
+        if sid is None and self.primary() is None:
+            return clip(list_text(list_views(self.ws)))
+        sid, why = self._pick(sid)
+        if why:
+            return why
+        text = status_text(session_view(self.ws, sid, last_events=5))
+        others = [v for v in list_views(self.ws) if v["session_id"] != sid]
+        if others:
+            text += "\n\nOther sessions:\n" + list_text(others)
+        return clip(text)
+
+    def tasks(self, sid, _rest) -> str:
+        from ...views import session_view
+        sid, why = self._pick(sid)
+        if why:
+            return why
+        v = session_view(self.ws, sid, last_events=0)
+        t = v["tasks"]
+        lines = [f"Session {sid}, iteration {v['iteration']} ({v['state']}): {t['completed']} "
+                 f"done, {t['failed']} failed, {t['pending']} pending of {t['total']}"]
+        lines += [f"[{x['marker']}] {x['id']}: {x['title']} (batch {x['batch']})"
+                  + (f" - {x['note']}" if x["note"] else "") for x in v["current_tasks"]]
+        if not v["current_tasks"]:
+            lines.append("No tasks planned yet in this iteration.")
+        return clip("\n".join(lines))
+
+    def tail(self, sid, rest) -> str:
+        from session_store import read_events
+        sid, why = self._pick(sid)
+        if why:
+            return why
+        count = int(rest.split()[0]) if rest.split() and rest.split()[0].isdigit() else 10
+        count = max(1, min(count, 50))
+        try:
+            session = load(self.ws, sid)
+        except BadInput as e:
+            return str(e)
+        records, _ = read_events(session.dir)
+        lines = [f"Last {min(count, len(records))} events of session {sid}:"]
+        for e in records[-count:]:
+            payload = "" if e.get("payload") in (None, "", {}) else " " + short(e["payload"])
+            lines.append(f"#{e['seq']} {str(e.get('ts', ''))[11:19]} {e.get('source')} "
+                         f"{e['topic']}{payload}")
+        return clip("\n".join(lines))
+
+    def _signal(self, sid, kind: str, message: str, done: str) -> str:
+        sid, why = self._pick(sid)
+        if why:
+            return why
+        session, why = self._open(sid)
+        if session is None:
+            return why
+        if kind == "PAUSE" and session.metadata.status is Status.PAUSED:
+            return f"Session {sid} is paused already. /resume {sid} to go on."
+        iteration = session.metadata.iteration if kind in ("APPROVE", "SKIP") else None
+        signals.drop(session.dir, kind, message, now=_utcnow(), iteration=iteration)
+        self.log(f"{kind} signal for session {sid}")
+        return done.format(sid=sid, iteration=session.metadata.iteration,
+                           state=session.metadata.orchestrator.state.value)
+
+    def pause(self, sid, rest) -> str:
+        return self._signal(sid, "PAUSE", rest or "paused from Telegram",
+                            "PAUSE sent to session {sid}: it pauses within a second "
+                            "(resumable with /resume {sid}).")
+
+    def stop(self, sid, rest) -> str:
+        return self._signal(sid, "ABORT", rest or "stopped from Telegram",
+                            "ABORT sent to session {sid}: it stops within a second.")
+
+    def approve(self, sid, rest) -> str:
+        return self._signal(sid, "APPROVE", rest or "approved from Telegram", _KNOWLEDGE.format(
+            kind="APPROVE", what="promoted to the docs"))
+
+    def skip(self, sid, rest) -> str:
+        return self._signal(sid, "SKIP", rest or "skipped from Telegram", _KNOWLEDGE.format(
+            kind="SKIP", what="kept staged"))
+
+    def resume(self, sid, _rest) -> str:
+        from session_store import running_pid
+        if sid is None:
+            sid = self._resumable()
+            if sid is None:
+                return "Which session? /resume SESSION (no session waits to be resumed)."
+        session, why = self._open(sid)
+        if session is None:
+            return why
+        pid = running_pid(session.dir)
+        if pid is not None:
+            return f"Session {sid} is running already (engine pid {pid})."
+        make_dirs(self.state_dir)
+        log_path = os.path.join(self.state_dir, f"resume-{sid}.log")
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "engine", "session", "resume", sid, "--workspace", self.ws],
+                cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                start_new_session=True)
+        finally:
+            os.close(fd)
+        # reaped the moment it ends (no zombie, no periodic check)
+        threading.Thread(target=child.wait, name=f"reap-{child.pid}", daemon=True).start()
+        self.log(f"resuming session {sid} (pid {child.pid}; output in {log_path})")
+        return f"Resuming session {sid} (engine pid {child.pid})."
+
+    def _resumable(self) -> str | None:
+        """With no session named: the primary when it is paused, else the only paused one."""
+        paused = []
+        for sid in list_ids(self.ws):
+            try:
+                if load(self.ws, sid).metadata.status is Status.PAUSED:
+                    paused.append(sid)
+            except BadInput:
+                continue
+        primary = self.primary()
+        if primary in paused:
+            return primary
+        return paused[0] if len(paused) == 1 else None

@@ -1,0 +1,338 @@
+"""What the bot sends on its own: questions waiting for a human, and notices from the
+buses (`human.progress`, pauses, ends, timeouts).
+
+Woken by the shared watcher (`engine.mailbox.watch`, inotify through watchdog) on the
+sessions root and, in each session, the directories `session_store.watch_paths` names
+(not recursively: an agent streaming its logs costs the bot nothing): a question file
+written or marked, a bus appended to, a session appearing (then watched too). Each change
+names its session (and question), and only that is looked at, so nothing is polled and an
+idle workspace costs nothing however many sessions it holds. The looks (question files,
+the bus through `read_events`, metadata) run in a worker thread, never on the event loop.
+
+A question goes to every allowed chat at once, as a ForceReply; one no chat could take
+after the retries is marked undeliverable in the store (`questions.mark_undeliverable`),
+so whoever waits on it applies its timeout policy at once. The outbox never writes a
+question file.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from datetime import datetime, timezone
+from typing import Callable
+
+import attrs
+
+from session_store import (BadInput, EventReader, Status, change_at, list_ids, load,
+                           make_dirs, questions, read_events, sessions_root, watch_paths)
+
+from ...mailbox import watch
+from .settings import Log
+from .state import BotState
+from .texts import notice_text, question_text
+from .transport import Transport
+
+FLUSH_SECONDS = 2.0   # on stop, how long the last notices may take
+ALL = None            # a session's every question is looked at (it appeared, or at start)
+
+
+@attrs.define
+class Look:
+    """What a look at one session found (worker thread -> loop)."""
+    session: str
+    to_send: list = attrs.Factory(list)       # questions.Question
+    settled: list = attrs.Factory(list)       # question ids nobody needs to send
+    notices: list = attrs.Factory(list)       # (seq, text)
+    offset: int | None = None                 # the bus read up to here
+
+
+class Outbox:
+    def __init__(self, workspace: str, chats: list[int], transport: Transport, state: BotState,
+                 log: Log, *, stopping: Callable[[], bool], primary: str | None = None):
+        self.ws = workspace
+        self.root = sessions_root(workspace)
+        self.chats = chats
+        self.transport = transport
+        self.state = state
+        self.log = log
+        self.primary = primary
+        self.stopping = stopping
+        self.tasks: set[asyncio.Task] = set()   # deliveries, and sessions being adopted
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._questions: dict[str, set[str] | None] = {}   # session -> ids, or ALL
+        self._buses: set[str] = set()
+        self._settled: set[tuple[str, str]] = set()   # questions sent, failed or resolved
+        self._sending: set[tuple[str, str]] = set()
+        self._read: dict[str, int] = {}               # session -> bus offset read so far
+        self._notices: collections.deque = collections.deque()   # (session, seq, text)
+        self._outstanding: collections.Counter = collections.Counter()
+        self._notice_ready = asyncio.Event()
+        self._watching = None
+        self._watched: set[str] = set()
+
+    # --- wakeups ---
+
+    async def start(self) -> None:
+        """Watch first, then look at every session once: a change during that first look
+        is looked at again."""
+        self._loop = asyncio.get_running_loop()
+        sessions, offsets = await asyncio.to_thread(self._prepare, not self.state.existed)
+        self._watched.update(sessions)
+        for sid, offset in offsets.items():   # a first run does not replay old buses
+            self.state.event_offsets[sid] = offset
+        if offsets:
+            await self.state.save()
+        self.note_sessions(sessions)
+
+    def _prepare(self, first_run: bool) -> tuple[list[str], dict[str, int]]:
+        make_dirs(self.root)
+        sessions = list_ids(self.ws)
+        self._watching = self._start_watching(sessions)
+        offsets = {sid: EventReader(os.path.join(self.root, sid), None).offset
+                   for sid in sessions if first_run and sid != self.primary}
+        return sessions, offsets
+
+    def _start_watching(self, sessions: list[str]):
+        paths = [self.root] + [path for sid in sessions for path in
+                               watch_paths(os.path.join(self.root, sid)) if os.path.isdir(path)]
+        return watch(paths, None, notify=self._changed)
+
+    def _watch_session(self, sid: str) -> None:
+        """A session that appeared: watched from now on (worker thread)."""
+        for path in watch_paths(os.path.join(self.root, sid)):
+            try:
+                self._watching.add(path)
+            except Exception as e:   # gone again, or no inotify watch left
+                self.log.error(f"session {sid}: cannot watch {os.path.basename(path)}", e)
+
+    async def _adopt(self, sid: str) -> None:
+        await asyncio.to_thread(self._watch_session, sid)
+        self.note_sessions([sid])   # whatever it wrote before its watch began
+
+    async def stop_watching(self) -> None:
+        if self._watching is not None:
+            await asyncio.to_thread(self._watching)
+            self._watching = None
+
+    def _changed(self, path: str) -> None:
+        """From the watcher's thread: what changed, handed to the loop."""
+        change = change_at(self.root, path)
+        if change is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._note, change)
+            except RuntimeError:   # the loop is closed: the bot has stopped
+                pass
+
+    def _note(self, change) -> None:
+        if change.what == "session":
+            if change.session not in self._watched:
+                self._watched.add(change.session)
+                self._spawn(self._adopt(change.session))
+            return
+        if change.what == "events":
+            self._buses.add(change.session)
+        elif self._questions.get(change.session, ()) is not ALL:
+            self._questions.setdefault(change.session, set()).add(change.question)
+        self._wake.set()
+
+    def note_sessions(self, sessions) -> None:
+        """Look at these sessions whole: every question, and the bus."""
+        for sid in sessions:
+            self._questions[sid] = ALL
+            self._buses.add(sid)
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            wanted, self._questions = self._questions, {}
+            buses, self._buses = self._buses, set()
+            skip = self._settled | self._sending | self.state.sent()
+            looks = await asyncio.to_thread(self._look, wanted, self._offsets(buses), skip,
+                                            dict(self.state.notified))
+            for look in looks:
+                self._apply(look)
+
+    def _offsets(self, sessions) -> dict[str, int]:
+        return {sid: self._read.get(sid, self.state.event_offsets.get(sid, 0))
+                for sid in sessions}
+
+    # --- looking (worker thread) ---
+
+    def _look(self, wanted: dict, offsets: dict[str, int], skip: set,
+              notified: dict[str, int]) -> list[Look]:
+        looks = []
+        for sid in sorted(set(wanted) | set(offsets)):
+            look = Look(sid)
+            try:
+                if sid in wanted:
+                    self._look_at_questions(look, wanted[sid], skip)
+                if sid in offsets:
+                    self._look_at_bus(look, offsets[sid], notified.get(sid, 0))
+            except Exception as e:
+                self.log.error(f"session {sid}: look failed", e)
+            looks.append(look)
+        return looks
+
+    def _look_at_questions(self, look: Look, ids, skip: set) -> None:
+        sdir = os.path.join(self.root, look.session)
+        if ids is ALL:
+            ids = questions.ids(sdir)
+        found = []
+        for qid in sorted(ids):
+            if (look.session, qid) in skip:   # settled or under way: not read again
+                continue
+            try:
+                found.append(questions.load_question(sdir, qid))
+            except BadInput:
+                continue
+        now = datetime.now(timezone.utc)
+        finished = None
+        for q in sorted(found, key=lambda q: q.asked_at):
+            if q.status is not questions.QuestionStatus.PENDING or q.delivery_failed \
+                    or questions.read_answer(sdir, q.id) is not None:
+                look.settled.append(q.id)
+                continue
+            if now >= q.deadline and not q.timeout_paused:
+                continue  # its asker is applying the timeout
+            if finished is None:
+                finished = self._finished(look.session)
+            if finished:
+                look.settled.append(q.id)
+            else:
+                look.to_send.append(q)
+
+    def _finished(self, sid: str) -> bool:
+        try:
+            return load(self.ws, sid).metadata.status in (Status.COMPLETED, Status.ABORTED)
+        except BadInput:
+            return True
+
+    def _look_at_bus(self, look: Look, offset: int, done: int) -> None:
+        """Notices for the records after `offset` (and after seq `done`, those noticed)."""
+        records, look.offset = read_events(os.path.join(self.root, look.session), offset)
+        for record in records:
+            text = notice_text(look.session, record)
+            if text and isinstance(record.get("seq"), int) and record["seq"] > done:
+                look.notices.append((record["seq"], text))
+
+    # --- acting on what was found (loop) ---
+
+    def _apply(self, look: Look) -> None:
+        sid = look.session
+        self._settled.update((sid, qid) for qid in look.settled)
+        for q in look.to_send:
+            key = (sid, q.id)
+            if key not in self._settled and key not in self._sending:
+                self._sending.add(key)
+                self._spawn(self._deliver(sid, q))
+        for seq, text in look.notices:
+            self._notices.append((sid, seq, text))
+            self._outstanding[sid] += 1
+            self._notice_ready.set()
+        if look.offset is not None:
+            self._read[sid] = look.offset
+            if not self._outstanding[sid] and self.state.event_offsets.get(sid) != look.offset:
+                self.state.event_offsets[sid] = look.offset
+                self.state.save_later()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _deliver(self, sid: str, q: questions.Question) -> None:
+        key = (sid, q.id)
+        sdir = os.path.join(self.root, sid)
+
+        async def still_wanted() -> bool:
+            return await asyncio.to_thread(_still_pending, sdir, q.id)
+
+        async def to(chat):
+            message = await self.transport.send(chat, text, force_reply=True,
+                                                still_wanted=still_wanted)
+            if message is not None:   # remembered at once: a reply may come any moment
+                self.state.remember(chat, message.message_id, sid, q.id)
+                self.state.save_soon()
+            return message
+        try:
+            text = question_text(q)
+            delivered = [m for m in await asyncio.gather(*[to(chat) for chat in self.chats])
+                         if m is not None]
+            if delivered:
+                self._settled.add(key)
+                self.log(f"question {q.id} of session {sid} sent to {len(delivered)} chat(s)")
+            elif self.stopping():
+                pass  # whoever runs the bot next sends it
+            else:
+                if await asyncio.to_thread(_mark_undeliverable, sdir, q.id):
+                    self.log(f"question {q.id} of session {sid} could not be delivered: "
+                             f"it times out now (on_timeout: {q.on_timeout})")
+                self._settled.add(key)
+        finally:
+            self._sending.discard(key)
+
+    # --- notices ---
+
+    async def notify_forever(self) -> None:
+        while True:
+            await self._notice_ready.wait()
+            while self._notices:
+                _sid, _seq, text = self._notices[0]   # leaves the queue once sent
+                await asyncio.gather(*[self.transport.send(chat, text) for chat in self.chats])
+                self._notice_done()
+            self._notice_ready.clear()
+
+    def _notice_done(self) -> None:
+        sid, seq, _text = self._notices.popleft()
+        self._outstanding[sid] -= 1
+        self.state.notified[sid] = max(seq, self.state.notified.get(sid, 0))
+        if not self._outstanding[sid] and sid in self._read:
+            self.state.event_offsets[sid] = self._read[sid]
+        self.state.save_soon()
+
+    async def flush(self) -> None:
+        """The sessions' last words (paused, completed) go out before the bot stops: one
+        try each, within FLUSH_SECONDS."""
+        try:
+            sessions = await asyncio.to_thread(list_ids, self.ws)
+            looks = await asyncio.to_thread(self._look, {}, self._offsets(sessions), set(),
+                                            dict(self.state.notified))
+            for look in looks:
+                self._apply(look)
+        except Exception as e:
+            self.log.error("last look failed", e)
+
+        async def drain():
+            while self._notices:
+                _sid, _seq, text = self._notices[0]
+                await asyncio.gather(*[self.transport.send(chat, text, retries=False)
+                                       for chat in self.chats])
+                self._notice_done()
+        try:
+            await asyncio.wait_for(drain(), FLUSH_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        except Exception as e:
+            self.log.error("last notifications failed", e)
+
+
+def _still_pending(sdir: str, qid: str) -> bool:
+    try:
+        q = questions.load_question(sdir, qid)
+    except BadInput:
+        return False
+    return q.status is questions.QuestionStatus.PENDING and not q.delivery_failed \
+        and questions.read_answer(sdir, qid) is None
+
+
+def _mark_undeliverable(sdir: str, qid: str) -> bool:
+    """False when it waits for nothing any more (answered, resolved, gone)."""
+    try:
+        return questions.mark_undeliverable(sdir, qid, datetime.now(timezone.utc),
+                                            channel="telegram")
+    except BadInput:
+        return False
