@@ -12,7 +12,6 @@ the largest run by a least-squares fit T(k) = a*k + b*k^2. Estimated figures say
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import tempfile
 import time

@@ -38,8 +38,8 @@ class Work:
     def save_iteration(self, meta) -> None:
         self._tracker.save_iteration(meta)
 
-    def iteration_files(self, number: int):
-        return self._session.iteration(number)
+    def earlier_iteration(self, number: int):
+        return self._tracker.earlier(number)
 
     def tasks(self):
         return self._tracker.tasks()

@@ -74,6 +74,10 @@ class AgentRunner:
         self._last_run_ended: float | None = None
         self._stopping: Next | Rerun | None = None
         self._bus = session.events_after(None)
+        # what every run inherits: the engine's environment, less the secrets and the
+        # tests' hooks (read once: os.environ decodes every item on each look)
+        self._base_env = {k: v for k, v in os.environ.items()
+                          if not k.startswith("RALPH_TEST_") and k not in SECRET_ENV}
 
     def run(self, role: str, task: PlannedTask | None = None,
             pending: list[dict] | None = None) -> RoleRun | Next:
@@ -96,7 +100,6 @@ class AgentRunner:
         self.mailbox.delivered(prepared.guidance_ids, prepared.unit)
         result = self._collect(role, task, outcome)
         decision = next((d for observe in self.observers if (d := observe(result))), None)
-        self.tracker.save()
         if decision is not None:
             return decision
         return RoleRun(role, result.judged, outcome.exit_code, outcome.timed_out,
@@ -131,13 +134,11 @@ class AgentRunner:
     def _prepare(self, role: str, task: PlannedTask | None, pending: list[dict]) -> _Prepared:
         it, _ = self.tracker.iteration()
         self._bus.read_new()   # what came before this run is not its output
-        self.tracker.metadata.usage.agent_invocations += 1
-        self.tracker.save()  # durable before the run, so log names never collide after a crash
+        self.tracker.metadata.usage.agent_invocations += 1   # names its logs (see Tracker)
         seq = self.tracker.metadata.usage.agent_invocations
         name = f"{role}-{task.id}" if task else role
         attempt = 1 + it.runs_of(name)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("RALPH_TEST_") and k not in SECRET_ENV}
+        env = dict(self._base_env)
         env.update({
             "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
             "RALPH_SESSION_DIR": self.session.dir, "RALPH_ROLE": role,
@@ -250,6 +251,7 @@ def _usd(value) -> float:
 
 def limit_reached(tracker: Tracker) -> Next | None:
     """max_iterations (at PLANNING), max_runtime_seconds, max_cost_usd: a pause, exit 5."""
+    tracker.tick()
     m, limits = tracker.metadata, tracker.metadata.limits
     reason = None
     if tracker.state.value == "PLANNING" and m.iteration > limits.max_iterations:

@@ -2,7 +2,10 @@
 iteration's metadata and task markers), kept in memory and persisted through the store.
 
 Every change the engine makes to the session goes through here, so the session's task
-counts and usage are always derived the same way before they are written.
+counts and usage are always derived the same way before they are written. Metadata is
+written at the commit points (every transition, a question, a decision), not after each
+agent run or marker: what changes between them (usage, counts derived from progress.md)
+goes into the next one.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ class Tracker:
         self.clock = clock
         self._last_mono = clock.monotonic()
         self._current: tuple[Iteration, IterationMetadata, list[progress.TaskLine]] | None = None
+        self._previous: tuple[Iteration, IterationMetadata] | None = None   # the one before
         self.on_task_done = []   # callables run when a task reaches [x] (the assessor's)
 
     @property
@@ -28,23 +32,23 @@ class Tracker:
     def state(self) -> State:
         return self.metadata.orchestrator.state
 
-    def save(self) -> None:
-        """Persist metadata: usage, the session's task counts, a new revision."""
+    def tick(self) -> None:
+        """Bring usage.runtime_seconds up to now (limits and the assessor read it)."""
         mono = self.clock.monotonic()
         usage = self.metadata.usage
         usage.runtime_seconds = round(usage.runtime_seconds + (mono - self._last_mono), 3)
         self._last_mono = mono
+
+    def save(self) -> None:
+        """Persist metadata: usage, the session's task counts, a new revision."""
+        self.tick()
         if self._current is not None and self._current[0].number == self.metadata.iteration:
             self._count_tasks()
         self.session.save(self.clock.now())
 
     def _count_tasks(self) -> None:
         _, meta, lines = self._current
-        counts, before = self.metadata.tasks, meta.tasks_before
-        counts.total = before.total + len(lines)
-        counts.completed = before.completed + sum(t.marker == progress.DONE for t in lines)
-        counts.failed = before.failed + sum(t.marker == progress.FAILED for t in lines)
-        counts.pending = before.pending + sum(t.marker not in progress.FINISHED for t in lines)
+        self.metadata.tasks = progress.session_counts(meta.tasks_before, lines)
 
     # --- the current iteration ---
 
@@ -52,15 +56,30 @@ class Tracker:
         """(Iteration files, its metadata): created on first use, cached while current."""
         number = self.metadata.iteration
         if self._current is None or self._current[0].number != number:
+            if self._current is not None:
+                self._previous = self._current[:2]
             it = self.session.iteration(number)
             if it.exists():
                 meta = it.load()
+                lines = it.rebuild_plan(meta)
             else:
-                # tasks_before goes in the creating write: a crash between two writes
-                # left an iteration whose session counts restarted from zero
-                meta = it.create(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
-            self._current = (it, meta, it.progress())
+                # tasks_before goes with the iteration's first write: the session's counts
+                # stand still until its plan, and are persisted by the transition into it
+                meta = it.start(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
+                lines = []
+            self._current = (it, meta, lines)
+            # run numbers name the logs: never reuse one a crash left unrecorded
+            usage = self.metadata.usage
+            usage.agent_invocations = max(usage.agent_invocations, it.last_run_seq())
         return self._current[0], self._current[1]
+
+    def earlier(self, number: int) -> tuple[Iteration, IterationMetadata] | None:
+        """An earlier iteration's files and metadata (None if it never started); the one
+        just left is kept in memory."""
+        if self._previous is not None and self._previous[0].number == number:
+            return self._previous
+        it = self.session.iteration(number)
+        return (it, it.load()) if it.exists() else None
 
     def save_iteration(self, meta: IterationMetadata) -> None:
         it, _ = self.iteration()
@@ -79,18 +98,18 @@ class Tracker:
         meta.tasks_defined = tasks
         meta.planning_completed_at = self.clock.now()
         it.save(meta)  # the commit point: planning is done once this is on disk
-        self.save()
 
     def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
+        """progress.md is the truth of markers; a task in progress needs no fsync (lost to
+        a power cut, it is simply run again)."""
         it, _ = self.iteration()
         for t in self.tasks():
             if t.id == task_id:
                 t.marker, t.note = marker, note
-        it.save_progress(self.tasks())
+        it.save_progress(self.tasks(), durable=marker != progress.IN_PROGRESS)
         if marker == progress.DONE:
             for observer in self.on_task_done:
                 observer()
-        self.save()
 
     def mark_in_progress(self, marker: str, note: str) -> None:
         """What becomes of [/] tasks when the session stops: [F] on abort, a note on pause."""

@@ -6,8 +6,11 @@ import json
 import os
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, State, list_ids, load, questions, read_events,
-                           running_pid, sessions_root, signals)
+import attrs
+
+from session_store import (BadInput, PauseKind, State, list_ids, load, progress, questions,
+                           complete_size, read_events, running_pid, sessions_root, signals,
+                           tail_events)
 
 
 def _resume_command(meta) -> str | None:
@@ -23,7 +26,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     session = load(workspace, session_id)
     m = session.metadata
     it = session.iteration()
-    events, _ = read_events(session.dir)
+    events = tail_events(session.dir, last_events)
     pid = running_pid(session.dir)
     return {
         "session_id": m.session_id,
@@ -38,8 +41,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "pause_reason": m.orchestrator.pause_reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         "resume_command": _resume_command(m),
-        "tasks": {"total": m.tasks.total, "completed": m.tasks.completed,
-                  "failed": m.tasks.failed, "pending": m.tasks.pending},
+        "tasks": attrs.asdict(_live_counts(it, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
         "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
@@ -54,8 +56,15 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "created_at": m.created_at.isoformat(),
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
-        "last_events": events[-last_events:],
+        "last_events": events,
     }
+
+
+def _live_counts(it, m):
+    """The task counts as of progress.md (metadata has them as of the last transition)."""
+    if not it.exists():
+        return m.tasks
+    return progress.session_counts(it.load().tasks_before, it.progress())
 
 
 def _assessment_view(obs) -> dict | None:
@@ -176,12 +185,12 @@ def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: 
 
     from .mailbox import watch
     session = load(workspace, session_id)
-    records, offset = read_events(session.dir)
+    offset = complete_size(session.dir)
 
     def show(batch):
         for e in batch:
             print(json.dumps(e, ensure_ascii=False) if as_json else event_line(e), flush=True)
-    show(records[-count:] if count > 0 else [])
+    show(tail_events(session.dir, count, offset) if count > 0 else [])
     if not follow:
         return 0
     woken = threading.Event()

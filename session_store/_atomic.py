@@ -1,8 +1,11 @@
 """Durable writes: every whole-file write is temp, fsync, rename, fsync of the directory.
 
-Every durable write also passes through `durable_write_done`, the one place that tests
-hook to trace or kill the process at a chosen write (RALPH_TEST_* variables, which only
-tests set).
+Every write also passes through `durable_write_done`, the one place that tests hook to
+trace or kill the process at a chosen write (RALPH_TEST_* variables, which only tests
+set). A few files the store can rebuild (the plan's views, a task in progress) are
+written atomically without fsync: a kill leaves the old or the new one all the same; only
+a power loss may take them back, and then they are rebuilt or redone. `fsyncs` counts
+what the disk is asked to flush (the benchmarks report it).
 """
 from __future__ import annotations
 
@@ -15,12 +18,21 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 _write_count = 0
+durable_writes = 0   # of them, those made durable (fsync'd), for the benchmarks
+fsyncs = 0
 
 
-def durable_write_done(kind: str, path: str) -> None:
-    """Count a durable write; tests may trace it or SIGKILL this process right after it."""
-    global _write_count
+def fsync(fd: int) -> None:
+    global fsyncs
+    fsyncs += 1
+    os.fsync(fd)
+
+
+def durable_write_done(kind: str, path: str, durable: bool = True) -> None:
+    """Count a write; tests may trace it or SIGKILL this process right after it."""
+    global _write_count, durable_writes
     _write_count += 1
+    durable_writes += durable
     trace = os.environ.get("RALPH_TEST_WRITE_TRACE")
     if trace:
         with open(trace, "a", encoding="utf-8") as f:
@@ -33,7 +45,7 @@ def durable_write_done(kind: str, path: str) -> None:
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
@@ -79,8 +91,9 @@ def read_nofollow(path: str, limit: int = -1) -> bytes:
         return f.read(limit)
 
 
-def write_atomic(path: str, data: str | bytes, kind: str = "file") -> None:
-    """Replace `path` with `data`: a reader sees the old file or the new one, never half."""
+def write_atomic(path: str, data: str | bytes, kind: str = "file", durable: bool = True) -> None:
+    """Replace `path` with `data`: a reader sees the old file or the new one, never half.
+    Not `durable`: no fsync (see above)."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
@@ -90,12 +103,14 @@ def write_atomic(path: str, data: str | bytes, kind: str = "file") -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(directory)
-    durable_write_done(kind, path)
+    if durable:
+        fsync_dir(directory)
+    durable_write_done(kind, path, durable)
 
 
 def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
@@ -110,7 +125,7 @@ def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
     fd = open_private(tmp)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
     try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 from datetime import datetime, timezone
 
-from ._atomic import FILE_MODE, durable_write_done
+from ._atomic import FILE_MODE, durable_write_done, fsync
 from ._errors import BadInput
 
 EVENTS_FILE = "events.jsonl"
@@ -81,7 +82,7 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
         if written != len(line):  # a short write is a torn line: cut it and fail loudly
             os.ftruncate(fd, os.fstat(fd).st_size - written)
             raise OSError(f"short write to {path}")
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)  # closing releases the flock
     durable_write_done("event", path)
@@ -145,13 +146,13 @@ def complete_size(session_dir: str) -> int:
         os.close(fd)
 
 
-def last_event(session_dir: str, match) -> dict | None:
-    """The newest complete record for which `match(record)` is true, reading the bus from
-    its end back in chunks: what a resume looks for is near the end, whatever the size."""
-    end = complete_size(session_dir)
+def backwards(session_dir: str, end: int | None = None):
+    """The bus's complete records (before byte `end`), newest first, read from the end back
+    in chunks: what a resume or a status looks for is near the end, whatever the size."""
+    end = complete_size(session_dir) if end is None else end
     fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
     if fd is None:
-        return None
+        return
     try:
         carry = b""
         while end > 0:
@@ -161,12 +162,21 @@ def last_event(session_dir: str, match) -> dict | None:
             carry, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
             for line in reversed(lines):
                 record = _record(line) if line else None
-                if record is not None and match(record):
-                    return record
+                if record is not None:
+                    yield record
             end = start
-        return None
     finally:
         os.close(fd)
+
+
+def last_event(session_dir: str, match) -> dict | None:
+    """The newest complete record for which `match(record)` is true."""
+    return next((r for r in backwards(session_dir) if match(r)), None)
+
+
+def tail_events(session_dir: str, count: int, end: int | None = None) -> list[dict]:
+    """The newest `count` complete records (before byte `end`), oldest first."""
+    return list(itertools.islice(backwards(session_dir, end), count))[::-1]
 
 
 def _record(line: bytes) -> dict | None:

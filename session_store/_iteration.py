@@ -10,10 +10,10 @@ from datetime import datetime
 import attrs
 
 from . import _progress
-from ._atomic import make_dirs, open_private, read_nofollow, write_atomic
+from ._atomic import durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
-from ._schema import dump_yaml, parse_yaml, structure, unstructure
+from ._schema import dump_plain, parse_yaml, structure, unstructure
 
 METADATA_FILE = "metadata.yaml"
 ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge", "logs")
@@ -61,12 +61,16 @@ class Iteration:
     def exists(self) -> bool:
         return os.path.isfile(self.path(METADATA_FILE))
 
-    def create(self, now: datetime, **fields) -> IterationMetadata:
-        """Make the iteration's directories, then its metadata in one write (with `fields`,
-        e.g. tasks_before), so a crash never leaves it half-initialised."""
+    def start(self, now: datetime, **fields) -> IterationMetadata:
+        """Make the iteration's directories and its metadata (with `fields`, e.g.
+        tasks_before), not yet written: its first save (the plan's commit point) writes it
+        whole, so a crash never leaves it half-initialised."""
         for sub in ITERATION_SUBDIRS:
             make_dirs(self.path(sub))
-        meta = IterationMetadata(iteration=self.number, started_at=now, **fields)
+        return IterationMetadata(iteration=self.number, started_at=now, **fields)
+
+    def create(self, now: datetime, **fields) -> IterationMetadata:
+        meta = self.start(now, **fields)
         self.save(meta)
         return meta
 
@@ -75,26 +79,35 @@ class Iteration:
         return structure(parse_yaml(read_nofollow(path), path), IterationMetadata, path)
 
     def save(self, meta: IterationMetadata) -> None:
-        write_atomic(self.path(METADATA_FILE), dump_yaml(unstructure(meta)), "iteration-metadata")
+        write_atomic(self.path(METADATA_FILE), dump_plain(unstructure(meta)), "iteration-metadata")
 
     # --- the plan and its progress ---
 
     def write_plan(self, tasks: list[PlannedTask]) -> list[_progress.TaskLine]:
-        """tasks/<ID>.md, plan.md and progress.md (every task todo); the iteration's
-        metadata (planning_completed_at) is the commit point, written by the caller."""
+        """tasks/<ID>.md, plan.md and progress.md (every task todo). They are views of the
+        tasks the iteration's metadata records, written before it (the commit point, the
+        caller's), so they need no fsync of their own: lost to a power cut, they are
+        written again from it (see `rebuild_plan`)."""
         for t in tasks:
             self._write(f"tasks/{t.id}.md", f"# {t.id}: {t.title}\n\nBatch {t.batch}\n\n"
-                                            f"{t.description}\n", "task")
+                                            f"{t.description}\n", "task", durable=False)
         lines = [f"# Plan — iteration {self.number}", ""]
         for batch in sorted({t.batch for t in tasks}):
             lines += [f"## Batch {batch}", ""]
             lines += [f"- **{t.id}**: {t.title}" + (f" — {t.description}" if t.description else "")
                       for t in tasks if t.batch == batch]
             lines.append("")
-        self._write("plan.md", "\n".join(lines), "plan")
+        self._write("plan.md", "\n".join(lines), "plan", durable=False)
         progress = [_progress.TaskLine(t.id, t.title, t.batch) for t in tasks]
-        self.save_progress(progress)
+        self.save_progress(progress, durable=False)
         return progress
+
+    def rebuild_plan(self, meta: IterationMetadata) -> list[_progress.TaskLine]:
+        """The plan's views, when a power cut took them after the plan was committed."""
+        lines = self.progress()
+        if meta.planning_completed_at is not None and meta.tasks_defined and not lines:
+            lines = self.write_plan(meta.tasks_defined)
+        return lines
 
     def plan_text(self) -> str | None:
         return self._read("plan.md")
@@ -106,8 +119,9 @@ class Iteration:
         text = self._read("progress.md")
         return _progress.parse(text) if text is not None else []
 
-    def save_progress(self, tasks: list[_progress.TaskLine]) -> None:
-        write_atomic(self.path("progress.md"), _progress.render(self.number, tasks), "progress")
+    def save_progress(self, tasks: list[_progress.TaskLine], durable: bool = True) -> None:
+        write_atomic(self.path("progress.md"), _progress.render(self.number, tasks), "progress",
+                     durable)
 
     # --- attempts and reviews ---
 
@@ -169,7 +183,19 @@ class Iteration:
             return 0
 
     def write_prompt(self, files: RunFiles, text: str) -> None:
-        write_atomic(files.prompt, text, "prompt")
+        """A log, like the run's output: written once, under a name of its own, no fsync."""
+        fd = open_private(files.prompt)
+        try:
+            view = memoryview(text.encode("utf-8"))
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        durable_write_done("prompt", files.prompt, durable=False)
+
+    def last_run_seq(self) -> int:
+        """The highest run number among this iteration's logs (0 when none)."""
+        return max((int(f[:4]) for f in self.run_logs() if f[:4].isdigit()), default=0)
 
     @staticmethod
     def open_output(path: str) -> int:
@@ -190,10 +216,10 @@ class Iteration:
         n = 1 + sum(1 for f in os.listdir(self.dir) if f.startswith("work-state-"))
         return self._write(f"work-state-{n}.md", text, "work-state")
 
-    def _write(self, relpath: str, text: str, kind: str) -> str:
+    def _write(self, relpath: str, text: str, kind: str, durable: bool = True) -> str:
         path = self.path(relpath)
         make_dirs(os.path.dirname(path))
-        write_atomic(path, text, kind)
+        write_atomic(path, text, kind, durable)
         return path
 
     def _read(self, relpath: str) -> str | None:

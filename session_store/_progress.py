@@ -22,6 +22,15 @@ class TaskLine:
     note: str | None = None
 
 
+def session_counts(before, lines: list[TaskLine]):
+    """The session's task counts: those before the iteration (TaskCounts) plus its own."""
+    from ._metadata import TaskCounts
+    return TaskCounts(total=before.total + len(lines),
+                      completed=before.completed + sum(t.marker == DONE for t in lines),
+                      failed=before.failed + sum(t.marker == FAILED for t in lines),
+                      pending=before.pending + sum(t.marker not in FINISHED for t in lines))
+
+
 def render(iteration: int, tasks: list[TaskLine]) -> str:
     lines = [f"# Progress — iteration {iteration}", "",
              "Markers: [ ] todo, [/] in progress, [x] done, [F] failed, [C] cancelled", ""]

@@ -12,7 +12,7 @@ from ._errors import BadInput
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
-from ._schema import dump_yaml, parse_yaml, structure, unstructure
+from ._schema import dump_plain, dump_yaml, parse_yaml, structure, unstructure
 from ._types import Status
 
 SESSIONS_DIR = ".ralph-sessions"
@@ -57,7 +57,7 @@ class Session:
         """Persist metadata: revision + 1, one atomic rewrite."""
         self.metadata.revision += 1
         self.metadata.updated_at = now
-        write_atomic(self.metadata_path, dump_yaml(unstructure(self.metadata)), "metadata")
+        write_atomic(self.metadata_path, dump_plain(unstructure(self.metadata)), "metadata")
 
     def iteration(self, number: int | None = None) -> Iteration:
         return Iteration(self.dir, self.metadata.iteration if number is None else number)

@@ -86,8 +86,8 @@ class StateContext(Protocol):
 
     def save_iteration(self, meta: IterationMetadata) -> None: ...
 
-    def iteration_files(self, number: int) -> Iteration:
-        """Another iteration's files (the previous one's leftovers, the next one's inbox)."""
+    def earlier_iteration(self, number: int) -> tuple[Iteration, IterationMetadata] | None:
+        """An earlier iteration (its leftovers): None if it never started."""
 
     def tasks(self) -> list[progress.TaskLine]: ...
 

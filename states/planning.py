@@ -70,12 +70,13 @@ def _leftovers(ctx: StateContext) -> list[dict]:
     it, _meta = ctx.iteration()
     if it.number < 2:
         return []
-    previous = ctx.iteration_files(it.number - 1)
-    if not previous.exists():
+    earlier = ctx.earlier_iteration(it.number - 1)
+    if earlier is None:
         return []
+    previous, meta = earlier
     pending = [{"topic": "task.failed", "payload": {"task": t.id, "title": t.title,
                                                     "reason": t.note}}
                for t in previous.progress() if t.marker == progress.FAILED]
     pending += [{"topic": "review.rejected", "payload": {"task": r.task, "reason": r.reason}}
-                for r in previous.load().rejections]
+                for r in meta.rejections]
     return pending

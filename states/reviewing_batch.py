@@ -47,9 +47,10 @@ def run(ctx: StateContext) -> Next:
             return ran
         meta.knowledge_staged = bool(it.knowledge.staged())
         meta.librarian_done = True
-        ctx.save_iteration(meta)
+        if meta.knowledge_staged:
+            ctx.save_iteration(meta)
     if meta.knowledge_staged:
         return Next(Trigger.ITERATION_REVIEWED,
                     f"knowledge staged: {', '.join(it.knowledge.staged())}")
-    ctx.finish_iteration()
+    ctx.finish_iteration()   # with librarian_done: one write
     return Next(Trigger.NEXT_ITERATION, "iteration reviewed, no knowledge staged")

@@ -21,7 +21,8 @@ def demo(workspace, steps, config=None):
 
 
 def runs(sd) -> int:
-    return metadata(sd)["usage"]["agent_invocations"]
+    """Agent runs so far: each leaves its prompt in the logs."""
+    return len(list(sd.glob("iterations/*/logs/*.prompt.md")))
 
 
 def kill_engine_mid_run(workspace, sid: str, role_log: str):

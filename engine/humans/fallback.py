@@ -149,9 +149,11 @@ class Assessor:
         return obs.errors >= self.settings.error_count_threshold
 
     def task_completed(self) -> None:
+        self.tracker.tick()
         self.obs.progress_runtime = self.tracker.metadata.usage.runtime_seconds
 
     def assess_now(self) -> Assessment:
+        self.tracker.tick()
         m = self.tracker.metadata
         return assess(m.fallback, m.tasks, m.usage.runtime_seconds, self.settings,
                       self.tracker.clock.now())
@@ -162,9 +164,8 @@ class Assessor:
         if not self.settings.enabled or self.tracker.metadata.pending_question:
             return None
         assessment = self.assess_now()
-        self.obs.last = assessment
+        self.obs.last = assessment   # written with the transition's metadata
         if assessment.fallback_type is None:
-            self.tracker.save()
             return None
         work_state = self.capture_work_state(assessment)
         self.session.append_event("fallback.triggered", {
