@@ -145,13 +145,13 @@ def complete_size(session_dir: str) -> int:
         os.close(fd)
 
 
-def last_event(session_dir: str, match) -> dict | None:
-    """The newest complete record for which `match(record)` is true, reading the bus from
-    its end back in chunks: what a resume looks for is near the end, whatever the size."""
+def _newest_first(session_dir: str):
+    """The bus's complete records from its end back, read in chunks: what a reader wants
+    (a resume's last transition, a page's last events) is near the end, whatever the size."""
     end = complete_size(session_dir)
     fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
     if fd is None:
-        return None
+        return
     try:
         carry = b""
         while end > 0:
@@ -161,12 +161,28 @@ def last_event(session_dir: str, match) -> dict | None:
             carry, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
             for line in reversed(lines):
                 record = _record(line) if line else None
-                if record is not None and match(record):
-                    return record
+                if record is not None:
+                    yield record
             end = start
-        return None
     finally:
         os.close(fd)
+
+
+def last_event(session_dir: str, match) -> dict | None:
+    """The newest complete record for which `match(record)` is true."""
+    return next((r for r in _newest_first(session_dir) if match(r)), None)
+
+
+def tail_events(session_dir: str, count: int) -> list[dict]:
+    """The last `count` complete records, oldest first, without reading the whole bus."""
+    if count <= 0:
+        return []
+    newest = []
+    for record in _newest_first(session_dir):
+        newest.append(record)
+        if len(newest) == count:
+            break
+    return newest[::-1]
 
 
 def _record(line: bytes) -> dict | None:
