@@ -108,3 +108,30 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+
+
+# --- test artefacts (the browser tests' screenshots), listed at the end of the run ---
+
+ARTIFACTS = pytest.StashKey[list]()
+
+
+def artifacts_dir() -> Path:
+    """$RALPH_TEST_ARTIFACTS, else ralph-test-artifacts/ in the temp directory."""
+    import tempfile
+    root = os.environ.get("RALPH_TEST_ARTIFACTS") or os.path.join(tempfile.gettempdir(),
+                                                                  "ralph-test-artifacts")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pytest_configure(config):
+    config.stash[ARTIFACTS] = []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    saved = config.stash.get(ARTIFACTS, [])
+    if saved:
+        terminalreporter.write_line(f"test artefacts ({len(saved)}), look at them:")
+        for path in saved:
+            terminalreporter.write_line(f"  {path}")
