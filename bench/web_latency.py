@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from _common import Row, median, ms, now, percentile, ralph_script, ratio, say, session_env, \
+from _common import Row, ms, now, percentile, ralph_script, ratio, say, session_env, \
     stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))

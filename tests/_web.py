@@ -7,9 +7,14 @@ import re
 import signal
 import subprocess
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import httpx
+
 from conftest import RALPH, base_env
+
+SID = "w1"
 
 
 class WebServer:
@@ -66,3 +71,33 @@ def stop_engine_of(session_dir: Path) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def store_session(ws: Path, sid: str = SID):
+    """A session made through the store, with no engine: what the page shows of it is
+    what the test puts there."""
+    import session_store
+    return session_store.create(str(ws), "web objective", now=now(), session_id=sid)
+
+
+def ask(session, text: str, options=()) -> str:
+    from session_store import questions
+    from session_store._questions import Question, QuestionContext
+    qid = questions.new_question_id(now())
+    questions.ask(session.dir, Question(
+        id=qid, text=text, asked_at=now(), deadline=now() + timedelta(minutes=10),
+        on_timeout="continue", kind="in_run", options=list(options),
+        context=QuestionContext(session=session.id, state="EXECUTING_BATCH", iteration=1,
+                                role="executor", task="t1")))
+    return qid
+
+
+def client(server: WebServer, token: str | None = None) -> httpx.Client:
+    headers = {"Origin": server.url}
+    if token:
+        headers["X-Ralph-Token"] = token
+    return httpx.Client(base_url=server.url, headers=headers, trust_env=False, timeout=30)

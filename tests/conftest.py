@@ -98,6 +98,21 @@ def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
 FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
 
 
+@pytest.fixture
+def web(workspace):
+    """start(*args, env=None): a real `ralph web` in the workspace (tests/_web.py), stopped
+    at the end of the test."""
+    from _web import WebServer
+    servers = []
+
+    def start(*args, env=None):
+        servers.append(WebServer(workspace, *args, env=env))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.stop(expect=None)
+
+
 def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     import time

@@ -1,30 +1,24 @@
-"""Issue 17, `ralph web` over HTTP (the browser tests are in test_web_browser.py): who may
-read and act, ids and names from URLs never leave the workspace, the Telegram token never
-leaves the server, answers and signals follow the CLI's rules, a resume starts a real
-engine, and the live feed follows file changes. Every test talks to a real `ralph web`
+"""Issue 17, `ralph web` over HTTP (the live feed is in test_web_feed.py, the browser in
+test_web_browser.py): who may read and act, ids and names from URLs never leave the
+workspace, the Telegram token never leaves the server, answers and signals follow the
+CLI's rules, and a resume starts a real engine. Every test talks to a real `ralph web`
 subprocess on a loopback port."""
 from __future__ import annotations
 
 import http.client
 import json
 import os
-import queue
 import socket
 import subprocess
 import sys
-import threading
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
-import pytest
 
-from _web import WebServer
-from conftest import FAST, RALPH, base_env, metadata, ralph, wait_for, write_config, \
-    write_scenario
+from _web import SID, ask, client, now, store_session
+from conftest import FAST, base_env, metadata, ralph, wait_for, write_config, write_scenario
 from test_gates import EVIDENCE
 
-SID = "w1"
 WEB_TOKEN = "web-token-0123456789abcdef"
 TG_TOKEN_ENV = "123456:TELEGRAM-FROM-ENV-SECRET"
 TG_TOKEN_CONFIG = "654321:TELEGRAM-FROM-CONFIG-SECRET"
@@ -38,48 +32,6 @@ TWO_ITERATIONS = [
     {"role": "executor", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
     {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
 ]
-
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def store_session(ws: Path, sid: str = SID):
-    """A session made through the store, with no engine: what the page shows of it is
-    what the test puts there."""
-    import session_store
-    return session_store.create(str(ws), "web objective", now=now(), session_id=sid)
-
-
-def ask(session, text: str, options=()) -> str:
-    from session_store import questions
-    from session_store._questions import Question, QuestionContext
-    qid = questions.new_question_id(now())
-    questions.ask(session.dir, Question(
-        id=qid, text=text, asked_at=now(), deadline=now() + timedelta(minutes=10),
-        on_timeout="continue", kind="in_run", options=list(options),
-        context=QuestionContext(session=session.id, state="EXECUTING_BATCH", iteration=1,
-                                role="executor", task="t1")))
-    return qid
-
-
-def client(server: WebServer, token: str | None = None) -> httpx.Client:
-    headers = {"Origin": server.url}
-    if token:
-        headers["X-Ralph-Token"] = token
-    return httpx.Client(base_url=server.url, headers=headers, trust_env=False, timeout=30)
-
-
-@pytest.fixture
-def web(workspace):
-    servers = []
-
-    def start(*args, env=None):
-        servers.append(WebServer(workspace, *args, env=env))
-        return servers[-1]
-    yield start
-    for s in servers:
-        s.stop(expect=None)
 
 
 # --- who may use it ---
@@ -347,77 +299,6 @@ def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
         assert again.status_code == 409
     assert f"ralph web: resume {SID}" in log.read_text()
     assert oct(log.stat().st_mode & 0o777) == "0o600"
-
-
-# --- the live feed ---
-
-class Stream:
-    """Reads a server-sent-event stream in a thread; messages go to a queue."""
-
-    def __init__(self, server: WebServer, path: str):
-        self.messages: queue.Queue = queue.Queue()
-        self.client = client(server)
-        self.thread = threading.Thread(target=self._read, args=(path,), daemon=True)
-        self.thread.start()
-
-    def _read(self, path):
-        try:
-            with self.client.stream("GET", path, timeout=None) as r:
-                block = ""
-                for line in r.iter_lines():
-                    if line:
-                        block += line + "\n"
-                        continue
-                    event = next((x[7:] for x in block.splitlines() if x.startswith("event: ")), "")
-                    data = next((x[6:] for x in block.splitlines() if x.startswith("data: ")), "")
-                    if data:
-                        self.messages.put((event, json.loads(data)))
-                    block = ""
-        except (httpx.HTTPError, RuntimeError):
-            return
-
-    def wait(self, predicate, timeout: float = 20):
-        import time
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("the stream never sent what was expected")
-            event, data = self.messages.get(timeout=left)
-            if predicate(event, data):
-                return data
-
-
-def test_the_live_feed_follows_file_changes(workspace, web):
-    from session_store import signals
-    session = store_session(workspace)
-    server = web()
-    one = Stream(server, f"/api/sessions/{SID}/stream")
-    everything = Stream(server, "/api/stream")
-    one.wait(lambda e, d: e == "events" and d and d[0]["topic"] == "session.created")
-    one.wait(lambda e, d: e == "snapshot" and d["view"]["waiting_signals"] == [])
-    everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID])
-
-    name = signals.drop(session.dir, "INFO", "hello", now=now())
-    one.wait(lambda e, d: e == "snapshot" and d["view"]["waiting_signals"] == [name])
-    emitted = subprocess.run(RALPH + ["emit", "build.note", "from an agent"], cwd=workspace,
-                             env=base_env(RALPH_SESSION_DIR=session.dir), capture_output=True)
-    assert emitted.returncode == 0, emitted.stderr
-    one.wait(lambda e, d: e == "events" and [x["topic"] for x in d] == ["build.note"])
-    qid = ask(session, "Anything else?")
-    one.wait(lambda e, d: e == "snapshot" and [q["id"] for q in d["view"]["pending_questions"]]
-             == [qid])
-    store_session(workspace, "w2")
-    everything.wait(lambda e, d: e == "sessions" and {v["session_id"] for v in d} == {SID, "w2"})
-    server.stop()   # with both streams open: it must still stop at once, exit 0
-
-
-def test_a_workspace_without_sessions_yet_is_followed_from_its_first(workspace, web):
-    server = web()
-    everything = Stream(server, "/api/stream")
-    everything.wait(lambda e, d: e == "sessions" and d == [])
-    store_session(workspace)
-    everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID])
 
 
 def test_web_is_off_the_path_of_every_other_command():
