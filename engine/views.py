@@ -6,11 +6,9 @@ import json
 import os
 from datetime import datetime, timezone
 
-import attrs
-
-from session_store import (BadInput, PauseKind, State, list_ids, load, progress, questions,
-                           complete_size, read_events, running_pid, sessions_root, signals,
-                           tail_events)
+from session_store import (BadInput, PauseKind, State, complete_size, list_ids, load,
+                           progress, questions, read_events, running_pid, sessions_root,
+                           signals, tail_events, unstructure)
 
 
 def _resume_command(meta) -> str | None:
@@ -26,7 +24,6 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     session = load(workspace, session_id)
     m = session.metadata
     it = session.iteration()
-    events = tail_events(session.dir, last_events)
     pid = running_pid(session.dir)
     return {
         "session_id": m.session_id,
@@ -41,22 +38,21 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "pause_reason": m.orchestrator.pause_reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         "resume_command": _resume_command(m),
-        "tasks": attrs.asdict(_live_counts(it, m)),
+        "tasks": unstructure(_live_counts(it, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
         "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
         # what the engine will take: a writer's hidden temp file is no signal
         "waiting_signals": signals.waiting(session.dir),
         "assessment": _assessment_view(m.fallback),
-        "usage": {"cost_usd": m.usage.cost_usd, "runtime_seconds": m.usage.runtime_seconds,
-                  "agent_invocations": m.usage.agent_invocations},
+        "usage": unstructure(m.usage),
         "limits": {"max_iterations": m.limits.max_iterations,
                    "max_runtime_seconds": m.limits.max_runtime_seconds,
                    "max_cost_usd": m.limits.max_cost_usd},
         "created_at": m.created_at.isoformat(),
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
-        "last_events": events,
+        "last_events": tail_events(session.dir, last_events),
     }
 
 
@@ -83,6 +79,22 @@ def _question_view(q, session_id: str) -> dict:
             "deadline": q.deadline.isoformat(), "on_timeout": q.on_timeout,
             "role": q.context.role, "task": q.context.task,
             "answer_command": f"ralph session answer {session_id} \"...\" --question {q.id}"}
+
+
+def answer_outcome(session, question) -> str:
+    """What becomes of an answer, said to whoever gives it (the CLI, the web page)."""
+    running = running_pid(session.dir) is not None
+    resume = f"when the session is resumed (ralph session resume {session.id})"
+    if question.status is questions.QuestionStatus.TIMED_OUT:
+        return "the question had timed out: the answer reaches the next prompt as guidance"
+    if question.kind == "in_run":
+        who = f"{question.context.role or 'agent'} {question.context.task or ''}".strip()
+        if not running:
+            return f"no engine runs the session: it reaches the next run of {who} {resume}"
+        if question.asker_gone:
+            return f"the agent that asked stopped waiting: it reaches the next run of {who}"
+        return f"the waiting {who} gets it now"
+    return "the session goes on with it" + ("" if running else f" {resume}")
 
 
 def status_text(v: dict) -> str:
@@ -134,6 +146,7 @@ def list_views(workspace: str) -> list[dict]:
             "session_id": sid, "state": m.orchestrator.state.value, "status": m.status.value,
             "running": running_pid(os.path.join(sessions_root(workspace), sid)) is not None,
             "iteration": m.iteration, "pause_reason": m.orchestrator.pause_reason,
+            "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
             "objective": m.objective.splitlines()[0] if m.objective else ""})

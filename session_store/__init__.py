@@ -10,7 +10,7 @@ _WHERE = {
     "State": "_types", "Status": "_types", "PauseKind": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
-    "sessions_root": "_session",
+    "sessions_root": "_session", "open_channel_log": "_session",
     "Iteration": "_iteration", "Attempt": "_iteration", "RunFiles": "_iteration",
     "append_event": "_events", "read_events": "_events", "now_iso": "_events",
     "tail_events": "_events", "complete_size": "_events",

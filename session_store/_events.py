@@ -176,7 +176,7 @@ def last_event(session_dir: str, match) -> dict | None:
 
 def tail_events(session_dir: str, count: int, end: int | None = None) -> list[dict]:
     """The newest `count` complete records (before byte `end`), oldest first."""
-    return list(itertools.islice(backwards(session_dir, end), count))[::-1]
+    return list(itertools.islice(backwards(session_dir, end), max(0, count)))[::-1]
 
 
 def _record(line: bytes) -> dict | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from datetime import datetime
 
 import attrs
@@ -50,6 +51,7 @@ class Iteration:
 
     def __init__(self, session_dir: str, number: int):
         self.number = number
+        self._session_dir = session_dir
         self.dir = os.path.join(session_dir, "iterations", str(number))
         self.knowledge = Knowledge(self.dir)
 
@@ -172,7 +174,10 @@ class Iteration:
     # --- agent runs ---
 
     def run_files(self, seq: int, name: str) -> RunFiles:
-        base = self.path("logs", f"{seq:04d}-{name}")
+        return self._files_of(f"{seq:04d}-{name}")
+
+    def _files_of(self, run: str) -> RunFiles:
+        base = self.path("logs", run)
         return RunFiles(base + ".prompt.md", base + ".stdout", base + ".stderr")
 
     def runs_of(self, name: str) -> int:
@@ -208,6 +213,41 @@ class Iteration:
             return sorted(os.listdir(self.path("logs")))
         except FileNotFoundError:
             return []
+
+    def runs(self) -> list[dict]:
+        """Each agent run of the iteration, in run order: {"run": its name
+        ("<seq>-<role>[-<task>]"), "files": its prompt and output files of `run_logs()`}."""
+        names = self.run_logs()
+        present = set(names)
+        found = []
+        for name in names:
+            if name.endswith(".stdout"):
+                files = self._files_of(name[:-len(".stdout")])
+                found.append({"run": name[:-len(".stdout")],
+                              "files": [os.path.basename(p) for p in
+                                        (files.prompt, files.stdout, files.stderr)
+                                        if os.path.basename(p) in present]})
+        return found
+
+    def run_log(self, name: str, limit: int) -> tuple[str, int] | None:
+        """The last `limit` bytes of one of `run_logs()` as text, and the file's size; None
+        for a name that is not one of them (so a name from outside never becomes a path), a
+        file outside the session, or one that is not a regular file (links not followed)."""
+        path = self.path("logs", name)
+        inside = os.path.realpath(self._session_dir) + os.sep
+        if name not in self.run_logs() or not os.path.realpath(path).startswith(inside):
+            return None   # a linked iterations/<N> or logs/ leads out of the session
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            f.seek(max(0, st.st_size - limit))
+            return f.read(limit).decode("utf-8", errors="replace"), st.st_size
 
     # --- the rest ---
 

@@ -7,7 +7,7 @@ import secrets
 import shutil
 from datetime import datetime
 
-from ._atomic import fsync_dir, make_dirs, read_nofollow, write_atomic
+from ._atomic import FILE_MODE, fsync_dir, make_dirs, read_nofollow, write_atomic
 from ._errors import BadInput
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
@@ -193,6 +193,8 @@ def load(workspace: str, session_id: str) -> Session:
     """Read and validate a session's metadata (strict: a bad file is BadInput, untouched)."""
     check_id(session_id)
     path = os.path.join(sessions_root(workspace), session_id, METADATA_FILE)
+    if os.path.islink(os.path.dirname(path)):   # planted: every read would leave the workspace
+        raise BadInput(f"{os.path.dirname(path)}: a symlink, not a session; refused")
     try:
         text = read_nofollow(path)
     except FileNotFoundError:
@@ -212,7 +214,23 @@ def list_ids(workspace: str) -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(n for n in names if ID_PATTERN.fullmatch(n)
+                  and not os.path.islink(os.path.join(root, n))
                   and os.path.isfile(os.path.join(root, n, METADATA_FILE)))
+
+
+def open_channel_log(workspace: str, channel: str, name: str) -> tuple[int, str]:
+    """A log a human channel keeps in the sessions root (`.<channel>/<name>.log`, hidden
+    from the session list), opened for appending, private, never through a planted link:
+    e.g. the output of an engine it started. Returns the fd and the path."""
+    folder = os.path.join(sessions_root(workspace), "." + check_id(channel, "channel"))
+    make_dirs(folder)
+    path = os.path.join(folder, check_id(name, "log name") + ".log")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     FILE_MODE)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be opened ({e.strerror}; symlinks are refused)") from None
+    return fd, path
 
 
 def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False) -> str:

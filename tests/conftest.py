@@ -98,6 +98,21 @@ def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
 FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
 
 
+@pytest.fixture
+def web(workspace):
+    """start(*args, env=None): a real `ralph web` in the workspace (tests/_web.py), stopped
+    at the end of the test."""
+    from _web import WebServer
+    servers = []
+
+    def start(*args, env=None):
+        servers.append(WebServer(workspace, *args, env=env))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.stop(expect=None)
+
+
 def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     import time
@@ -108,3 +123,30 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+
+
+# --- test artefacts (the browser tests' screenshots), listed at the end of the run ---
+
+ARTIFACTS = pytest.StashKey[list]()
+
+
+def artifacts_dir() -> Path:
+    """$RALPH_TEST_ARTIFACTS, else ralph-test-artifacts/ in the temp directory."""
+    import tempfile
+    root = os.environ.get("RALPH_TEST_ARTIFACTS") or os.path.join(tempfile.gettempdir(),
+                                                                  "ralph-test-artifacts")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pytest_configure(config):
+    config.stash[ARTIFACTS] = []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    saved = config.stash.get(ARTIFACTS, [])
+    if saved:
+        terminalreporter.write_line(f"test artefacts ({len(saved)}), look at them:")
+        for path in saved:
+            terminalreporter.write_line(f"  {path}")

@@ -50,6 +50,11 @@ def build_parser():
             return value
         return parse
 
+    def port(text):
+        if not text.isdigit() or int(text) > 65535:
+            raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+        return int(text)
+
     seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads cattrs)
 
     def limit_flags(p):
@@ -106,6 +111,13 @@ def build_parser():
                         help="run the Telegram bot in the foreground for every session")
     p.add_argument("-c", "--config", help="ralph.yml (default: the workspace's, if present)")
     p.set_defaults(handler=workspace_cmds.cmd_bot_run)
+
+    p = sub.add_parser("web", parents=[common],
+                       help="a live web view of the sessions: answer and steer from the page")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; any other needs $RALPH_WEB_TOKEN)")
+    p.add_argument("--port", type=port, default=8765, help="default 8765; 0 picks a free one")
+    p.set_defaults(handler=workspace_cmds.cmd_web)
 
     p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],

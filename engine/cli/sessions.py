@@ -136,25 +136,10 @@ def cmd_answer(args) -> int:
     from session_store import check_id
     check_id(qid, "question id")
     questions.answer(session.dir, qid, args.text, now=SystemClock().now(), channel="cli")
-    print(f"answered {qid}: {_what_happens(session, questions.load_question(session.dir, qid))}")
+    from ..views import answer_outcome
+    question = questions.load_question(session.dir, qid)
+    print(f"answered {qid}: {answer_outcome(session, question)}")
     return EXIT_OK
-
-
-def _what_happens(session, question) -> str:
-    """What becomes of an answer, said when it is given."""
-    from session_store import questions, running_pid
-    running = running_pid(session.dir) is not None
-    resume = f"when the session is resumed (ralph session resume {session.id})"
-    if question.status is questions.QuestionStatus.TIMED_OUT:
-        return "the question had timed out: the answer reaches the next prompt as guidance"
-    if question.kind == "in_run":
-        who = f"{question.context.role or 'agent'} {question.context.task or ''}".strip()
-        if not running:
-            return f"no engine runs the session: it reaches the next run of {who} {resume}"
-        if question.asker_gone:
-            return f"the agent that asked stopped waiting: it reaches the next run of {who}"
-        return f"the waiting {who} gets it now"
-    return "the session goes on with it" + ("" if running else f" {resume}")
 
 
 def cmd_tail(args) -> int:

@@ -49,6 +49,11 @@ def cmd_bot_run(args) -> int:
     return telegram.run_foreground(ws, found)
 
 
+def cmd_web(args) -> int:
+    from ..channels.web import serve
+    return serve(workspace(args), args.host, args.port)
+
+
 def cmd_init(args) -> int:
     from importlib import resources
 

@@ -1,0 +1,149 @@
+"""The live feed: one file-system watcher (engine/mailbox.py `watch`) over the sessions
+root serves every open page. The watcher's thread hops onto the event loop and sets each
+page stream's own asyncio.Event; the stream then reads what changed (in a worker thread)
+and sends it as server-sent events. Nothing polls: a page hears of a file change within
+milliseconds, and an idle server does no work.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from session_store import sessions_root
+
+from . import reads
+from .reads import Problem, dumps
+
+# a stream that heard nothing for this long re-reads and sends a comment: it keeps the
+# connection alive through proxies and finds a page that has gone away
+KEEPALIVE = 15.0
+
+
+class _Wakeup:
+    """What `watch` sets (it calls a threading.Event's `set`): a hop onto the loop."""
+
+    def __init__(self, feed: "Feed"):
+        self._feed = feed
+
+    def set(self) -> None:
+        try:
+            self._feed.loop.call_soon_threadsafe(self._feed.changed)
+        except RuntimeError:   # the loop is closed: the server is stopping
+            pass
+
+
+class Feed:
+    def __init__(self, workspace: str, watch):
+        self.workspace = os.path.abspath(workspace)
+        self.root = sessions_root(self.workspace)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self._watch = watch
+        self._stop_watching = None
+        self._watching_root = False
+        self._rewatching: asyncio.Task | None = None
+        self._waiters: set[asyncio.Event] = set()
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self._rewatch()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._wake_all()
+        if self._stop_watching is not None:
+            await asyncio.to_thread(self._stop_watching)
+            self._stop_watching = None
+
+    def stop_streams(self) -> None:
+        """From any thread (a signal handler): every stream ends, so shutdown is quick."""
+        self.closed = True
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._wake_all)
+
+    async def _rewatch(self) -> None:
+        """Watch the sessions root recursively; before it exists, the workspace for it."""
+        has_root = os.path.isdir(self.root)
+        new = await asyncio.to_thread(self._watch, [] if has_root else [self.workspace],
+                                      _Wakeup(self), [self.root] if has_root else [])
+        old, self._stop_watching, self._watching_root = self._stop_watching, new, has_root
+        if old is not None:
+            await asyncio.to_thread(old)
+        self._wake_all()   # whatever changed while no watch covered it
+
+    def changed(self) -> None:
+        if not self._watching_root and self._rewatching is None and os.path.isdir(self.root):
+            self._rewatching = self.loop.create_task(self._rewatch())
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for event in self._waiters:
+            event.set()
+
+    @contextlib.asynccontextmanager
+    async def _subscription(self):
+        event = asyncio.Event()
+        event.set()   # the first round at once
+        self._waiters.add(event)
+        try:
+            yield event
+        finally:
+            self._waiters.discard(event)
+
+    async def _rounds(self):
+        """Yields once per change (True), or after KEEPALIVE seconds of quiet (False)."""
+        async with self._subscription() as event:
+            while not self.closed:
+                try:
+                    await asyncio.wait_for(event.wait(), KEEPALIVE)
+                except asyncio.TimeoutError:
+                    yield False
+                    continue
+                event.clear()
+                if not self.closed:
+                    yield True
+
+    # --- the streams a page reads ---
+
+    async def sessions(self):
+        """The session list, whenever it changes."""
+        last = None
+        async for woke in self._rounds():
+            text = dumps(await asyncio.to_thread(reads.sessions, self.workspace))
+            if text != last:
+                last = text
+                yield sse("sessions", text)
+            elif not woke:
+                yield b": keepalive\n\n"
+
+    async def session(self, session_id: str, first_events: list[dict], reader):
+        """One session: its last events, then each new one, and its snapshot (status,
+        questions, scratchpad, guidance) whenever that changes."""
+        yield sse("events", dumps(first_events))
+        last = None
+        async for woke in self._rounds():
+            try:
+                snapshot, new = await asyncio.to_thread(_read_changes, self.workspace,
+                                                        session_id, reader)
+            except Problem as p:   # gone, or unreadable for now: said, and followed on
+                yield sse("problem", dumps({"error": p.message}))
+                continue
+            if new:
+                yield sse("events", dumps(new))
+            text = dumps(snapshot)
+            if text != last:
+                last = text
+                yield sse("snapshot", text)
+            elif not woke and not new:
+                yield b": keepalive\n\n"
+
+
+def _read_changes(workspace: str, session_id: str, reader) -> tuple[dict, list[dict]]:
+    return reads.snapshot(workspace, session_id), reader.read_new()
+
+
+def sse(event: str, data: str) -> bytes:
+    """One server-sent event (the JSON is one line: it escapes its newlines)."""
+    return f"event: {event}\ndata: {data}\n\n".encode()

@@ -1,0 +1,54 @@
+// The page's router and the sessions list. /s/<ID> is one session (session.js).
+import { ago, api, badge, engineOf, follow, h, money, tasksText, tokens } from "./util.js";
+import { sessionPage } from "./session.js";
+
+const COLUMNS = ["session", "status", "state", "engine", "iteration", "tasks", "cost",
+                 "tokens", "updated", "paused because"];
+
+function sessionRow(v) {
+  const link = h("a", { href: `/s/${encodeURIComponent(v.session_id)}` }, v.session_id);
+  if (v.error) {
+    return h("tr", { class: "unreadable", dataset: { session: v.session_id } },
+      h("td", {}, link), h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
+  }
+  const engine = engineOf(v);
+  return h("tr", { class: `status-${v.status}`, dataset: { session: v.session_id } },
+    h("td", {}, link, h("div", { class: "objective" }, v.objective)),
+    h("td", {}, badge(v.status)),
+    h("td", { class: "state" }, v.state),
+    h("td", { class: `engine ${engine}` }, engine),
+    h("td", { class: "num" }, v.iteration),
+    h("td", {}, tasksText(v.tasks)),
+    h("td", { class: "num" }, money(v.usage)),
+    h("td", { class: "num" }, tokens(v.usage)),
+    h("td", { title: v.updated_at }, ago(v.updated_at)),
+    h("td", { class: "reason" }, v.pause_reason || ""));
+}
+
+function listPage(main) {
+  document.title = "ralph — sessions";
+  const rows = h("tbody");
+  const table = h("table", { class: "sessions", id: "sessions", hidden: true },
+    h("thead", {}, h("tr", {}, COLUMNS.map((c) => h("th", {}, c)))), rows);
+  const empty = h("p", { class: "empty", hidden: true },
+    "No session in this workspace yet: ralph session start \"OBJECTIVE\" starts one.");
+  main.replaceChildren(h("h1", {}, "Sessions"), table, empty);
+  const render = (list) => {
+    rows.replaceChildren(...list.map(sessionRow));
+    table.hidden = list.length === 0;
+    empty.hidden = list.length > 0;
+  };
+  api("/api/sessions").then((r) => {
+    if (r.ok) render(r.data);
+    else main.append(h("p", { class: "error" }, r.data.error));
+  });
+  follow("/api/stream", { sessions: render });
+}
+
+const main = document.getElementById("main");
+const path = location.pathname;
+if (path.startsWith("/s/")) {
+  sessionPage(main, decodeURIComponent(path.slice(3)));
+} else {
+  listPage(main);
+}

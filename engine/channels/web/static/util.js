@@ -1,0 +1,174 @@
+// Shared by the pages: building elements (text only, never HTML from data), the API,
+// the live feed, and formatting.
+
+const TOKEN_KEY = "ralph-web-token";
+
+// The token comes in the URL's fragment (#token=...), which is never sent to a server,
+// and stays in this tab's session storage.
+function takeToken() {
+  const found = location.hash.match(/(?:^#|&)token=([^&]+)/);
+  if (found) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(found[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+const token = takeToken();
+
+function headers(extra = {}) {
+  return token ? { ...extra, "X-Ralph-Token": token } : extra;
+}
+
+export function h(tag, props = {}, ...kids) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const kid of kids.flat(Infinity)) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : String(kid));
+  }
+  return el;
+}
+
+// GET (no body) or a same-origin JSON POST; resolves to {ok, status, data}.
+export async function api(path, body) {
+  const init = body === undefined
+    ? { headers: headers() }
+    : { method: "POST", headers: headers({ "Content-Type": "application/json" }),
+        body: JSON.stringify(body) };
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    return { ok: false, status: 0, data: { error: `the server cannot be reached (${e.message})` } };
+  }
+  const text = await response.text();
+  let data;
+  try {
+    data = JSON.parse(text);
+  } catch {
+    data = { error: text.trim() || response.statusText };
+  }
+  return { ok: response.ok, status: response.status, data };
+}
+
+function setLive(on, why) {
+  const el = document.getElementById("live");
+  el.textContent = on ? "live" : "reconnecting…";
+  el.title = on ? "following the server's live feed" : (why || "the live feed is down");
+  el.classList.toggle("off", !on);
+}
+
+// Server-sent events read through fetch, so that the token travels in a header; the
+// feed reconnects after a second whenever it breaks. Returns a function that stops it.
+export function follow(path, handlers) {
+  let stopped = false;
+  let controller = null;
+  async function read() {
+    controller = new AbortController();
+    const response = await fetch(path, { headers: headers({ Accept: "text/event-stream" }),
+                                         signal: controller.signal });
+    if (!response.ok) throw new Error(`${response.status} ${(await response.text()).trim()}`);
+    setLive(true);
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let event = "message";
+        let data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) event = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (data && handlers[event]) handlers[event](JSON.parse(data));
+      }
+    }
+  }
+  (async () => {
+    while (!stopped) {
+      try {
+        await read();
+        setLive(false);
+      } catch (e) {
+        if (!stopped) setLive(false, e.message);
+      }
+      if (!stopped) await new Promise((done) => setTimeout(done, 1000));
+    }
+  })();
+  return () => { stopped = true; if (controller) controller.abort(); };
+}
+
+export function notice(text, kind = "ok") {
+  const el = document.getElementById("notice");
+  el.textContent = text;
+  el.className = kind;
+  el.hidden = false;
+  clearTimeout(notice.timer);
+  notice.timer = setTimeout(() => { el.hidden = true; }, 8000);
+}
+
+export function badge(status) {
+  return h("span", { class: `badge ${status}` }, status);
+}
+
+export function clock(iso) {
+  return iso ? new Date(iso).toLocaleTimeString([], { hour12: false }) : "—";
+}
+
+export function ago(iso) {
+  if (!iso) return "—";
+  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+  return `${Math.floor(s / 86400)}d ago`;
+}
+
+export function until(iso) {
+  const s = Math.round((new Date(iso).getTime() - Date.now()) / 1000);
+  if (s <= 0) return "passed";
+  if (s < 60) return `in ${s}s`;
+  if (s < 3600) return `in ${Math.floor(s / 60)}m ${s % 60}s`;
+  return `in ${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+
+export function money(usage) {
+  return usage ? `$${Number(usage.cost_usd || 0).toFixed(2)}` : "—";
+}
+
+// Tokens, when the agents report them (metadata.usage input_tokens / output_tokens).
+export function tokens(usage) {
+  if (!usage || usage.input_tokens === undefined) return "—";
+  const n = (x) => Number(x || 0).toLocaleString();
+  return `${n(usage.input_tokens)} in / ${n(usage.output_tokens)} out`;
+}
+
+export function tasksText(t) {
+  if (!t) return "—";
+  return `${t.completed} done, ${t.failed} failed, ${t.pending} pending (of ${t.total})`;
+}
+
+export function engineOf(v) {
+  return v.running ? "running" : (v.status === "active" ? "interrupted" : "—");
+}
+
+export function payloadText(e) {
+  const p = e.payload;
+  if (e.topic === "session.transition" && p && typeof p === "object") {
+    return `${p.from} → ${p.to} (${p.trigger}${p.reason ? ": " + p.reason : ""})`;
+  }
+  if (p === null || p === undefined) return "";
+  return typeof p === "string" ? p : JSON.stringify(p);
+}

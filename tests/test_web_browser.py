@@ -1,0 +1,191 @@
+"""Issue 17 in a real browser: headless Chromium (Debian's package, driven by Playwright)
+against a real `ralph web` and a real session on the demo agent. The list shows the
+session as it starts; the diagram highlights the state it is in; a question appears
+within a second of being asked and is answered from the page (a stale tab that answers
+late hears "already answered"); the event stream grows live; the pause button pauses it;
+the resume form resumes it with a message and a raised limit until it completes.
+
+Screenshots are kept as test artefacts (their paths are listed at the end of the run).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from _web import WebServer, stop_engine_of
+from conftest import ARTIFACTS, artifacts_dir, base_env, metadata, spawn, write_config, \
+    write_scenario
+from test_gates import EVIDENCE
+
+SID = "web-demo"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]
+SCENARIO = [
+    {"role": "planner", "iteration": 1, "sleep": 0.5, "emit": [{"topic": "plan.ready", "json": {
+        "tasks": [{"id": "db", "title": "Pick and wire the database", "batch": 1},
+                  {"id": "api", "title": "Write the HTTP API", "batch": 1}]}}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+    {"role": "executor", "task": "db",
+     "ask": {"question": "Which database should the service use?",
+             "options": ["sqlite", "postgres"], "timeout": 600},
+     "emit": [{"topic": "build.done", "payload": EVIDENCE + "; db: {answer}"}]},
+    # the first run of `api` asks, and is paused while it waits; its re-run builds
+    {"role": "executor", "task": "api", "attempt": 1,
+     "ask": {"question": "Ship the API behind a feature flag?", "options": ["yes", "no"],
+             "timeout": 600}},
+    {"role": "executor", "task": "api", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        if os.environ.get("CI"):
+            pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
+        pytest.skip("Debian's chromium is not installed: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        # Playwright starts it with a fresh --user-data-dir of its own
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def shot(request):
+    folder = artifacts_dir() / "web"
+    folder.mkdir(exist_ok=True)
+
+    def take(page, name: str, full_page: bool = True, **options):
+        path = folder / f"{name}.png"
+        page.evaluate("document.getElementById('notice').hidden = true")   # a passing toast
+        page.screenshot(path=str(path), full_page=full_page, **options)
+        request.config.stash[ARTIFACTS].append(str(path))
+        return path
+    return take
+
+
+def diagram_state(page, state: str, timeout: float = 30000) -> None:
+    page.wait_for_function(
+        "s => document.querySelector('#diagram .drawing')?.dataset.state === s",
+        arg=state, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
+    from session_store import questions
+    scenario = write_scenario(workspace, SCENARIO)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "fallback": {"enabled": False}})
+    env = base_env(RALPH_DEMO_SLEEP_SCALE=1)
+    sd = workspace / ".ralph-sessions" / SID
+    server = WebServer(workspace, env=env)
+    engine = None
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server.url + "/")
+        page.get_by_text("No session in this workspace yet").wait_for()
+
+        # the list shows the session as soon as it exists: no reload
+        engine = spawn(workspace, "session", "start", "Build a small web service", "--id", SID,
+                       env=env)
+        row = page.locator(f'tr[data-session="{SID}"]')
+        row.wait_for(timeout=30000)
+        row.locator("a").click()
+        page.wait_for_url(f"**/s/{SID}")
+
+        # the first question, and the diagram highlighting the state the session is in
+        first = page.locator("article.question", has_text="Which database")
+        first.wait_for(timeout=30000)
+        first_id = first.get_attribute("data-question")
+        diagram_state(page, "EXECUTING_BATCH")
+        current = page.locator("#diagram g.node.current")
+        assert current.locator("title").text_content() == "EXECUTING_BATCH"
+        assert current.locator("path").first.get_attribute("fill") == "darksalmon"
+        assert page.locator("#diagram g.node", has_text="PLANNING").locator("path").first \
+            .get_attribute("fill") == "azure"   # the path it took
+        shot(page, "01-question-while-executing")
+
+        events_before = page.locator("#events tbody tr").count()
+        first.locator("button.option", has_text="postgres").click()
+        page.locator("#notice", has_text=f"Answered {first_id}").wait_for()
+        answer = questions.read_answer(str(sd), first_id)
+        assert (answer.text, answer.channel) == ("postgres", "web")
+
+        # the next question is asked while the page is open: it shows within a second
+        second = page.locator("article.question", has_text="feature flag")
+        second.wait_for(timeout=30000)
+        second_id = second.get_attribute("data-question")
+        shown_at = int(second.get_attribute("data-shown-at")) / 1000
+        asked_at = questions.load_question(str(sd), second_id).asked_at.timestamp()
+        assert 0 <= shown_at - asked_at < 1.0, shown_at - asked_at
+
+        # the events grew live: the answer reached the agent, which built with it
+        page.wait_for_function(f"document.querySelectorAll('#events tbody tr').length > "
+                               f"{events_before}")
+        built = page.locator('#events tr[data-topic="build.done"]').first
+        built.wait_for()
+        assert "db: postgres" in built.text_content()
+
+        # the pause button pauses it; the question it was waiting on stays open
+        page.fill("#signal-message", "lunch break")
+        page.click("button[data-signal=pause]")
+        diagram_state(page, "PAUSED")
+        assert engine.wait(timeout=60) == 3
+        page.locator("#summary .badge.paused").wait_for()
+        page.locator("#summary .pause-reason", has_text="lunch break").wait_for()
+        page.locator("#resume:not([hidden])").wait_for()
+        assert second.is_visible()
+        # the README's picture: the top of the page, down to the diagram
+        shot(page, "02-paused-with-a-question", clip={"x": 0, "y": 0, "width": 1280,
+                                                       "height": 1270})
+        shot(page, "02-paused-with-a-question-full")
+
+        # the list: paused sessions first, with why
+        listing = browser.new_page(viewport={"width": 1280, "height": 500})
+        listing.goto(server.url + "/")
+        listed = listing.locator(f'tr[data-session="{SID}"]')
+        listed.wait_for()
+        assert "paused" in listed.text_content() and "lunch break" in listed.text_content()
+        shot(listing, "03-list-paused", full_page=False)
+
+        # a tab whose live feed is cut still shows the question; it answers second
+        stale = browser.new_page(viewport={"width": 1280, "height": 900})
+        stale.route("**/stream", lambda route: route.abort())
+        stale.goto(f"{server.url}/s/{SID}")
+        stale_card = stale.locator("article.question", has_text="feature flag")
+        stale_card.wait_for()
+        second.locator("input.answer-text").fill("yes, behind a flag")
+        second.locator("form button").click()
+        page.locator("#notice", has_text=f"Answered {second_id}").wait_for()
+        stale_card.locator("button.option", has_text="no").click()
+        stale_card.locator(".result", has_text="Already answered (web): yes, behind a flag") \
+            .wait_for()
+        shot(stale, "04-already-answered", full_page=False)
+        assert questions.read_answer(str(sd), second_id).text == "yes, behind a flag"
+
+        # resume from the page, with a message and a raised limit: it runs to the end
+        page.fill("#resume-message", "back from lunch")
+        page.fill("#resume-max-iterations", "7")
+        page.click("#resume-button")
+        page.locator("#summary .badge.completed").wait_for(timeout=90000)
+        diagram_state(page, "COMPLETE")
+        page.locator("#scratchpad", has_text="back from lunch").wait_for()
+        assert metadata(sd)["limits"]["max_iterations"] == 7
+        assert page.locator("#resume").is_hidden()
+        shot(page, "05-completed")
+        assert errors == []
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.terminate()
+            engine.wait(timeout=30)
+        stop_engine_of(sd)
+        server.stop(expect=None)
+    assert server.proc.returncode == 0, server.stderr
