@@ -217,7 +217,7 @@ def channel_errors(config: Config) -> list[str]:
     and `resume` refuse the same configs."""
     if not config.RObot.enabled:
         return []
-    from .channels.telegram.settings import check   # stdlib only: the bot is not loaded
+    from .channels.telegram import check   # cheap: the bot itself is not loaded
     try:
         check(config)
     except BadInput as e:
