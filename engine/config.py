@@ -7,8 +7,7 @@ import os
 
 import attrs
 
-from session_store import BadInput, parse_yaml, structure, unstructure
-from session_store._schema import shown
+from session_store import BadInput, parse_yaml, shown, structure_each, unstructure
 
 ROLES = ("planner", "executor", "reviewer", "librarian", "questioner")
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
@@ -152,8 +151,9 @@ class Config:
 
 
 def _range_errors(config: Config) -> list[str]:
-    """Values of the right type but out of range, with their paths."""
-    errors = []
+    """Values of the right type but out of range, with their paths: one line for one
+    mistake (a role's agent inherits `agent:`, so only what a role sets is its own)."""
+    errors, not_finite = [], set()
 
     def finite(path, obj):
         """NaN passes every comparison below, infinity every upper bound: neither is a
@@ -164,13 +164,12 @@ def _range_errors(config: Config) -> list[str]:
                 finite(f"{path}{f.name}.", value)
             elif isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"$.{path}{f.name}: expected a finite number, got {value}")
+                not_finite.add(f"{path}{f.name}")
 
     finite("", config)
-    if errors:
-        return errors
 
     def positive(path, value, allow_none=False, allow_zero=False):
-        if value is None and allow_none:
+        if (value is None and allow_none) or path in not_finite:
             return
         if value < 0 or (value == 0 and not allow_zero):
             errors.append(f"$.{path}: expected a {'non-negative' if allow_zero else 'positive'} "
@@ -186,12 +185,20 @@ def _range_errors(config: Config) -> list[str]:
              allow_zero=True)
     positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
     positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
-    for role in ("",) + ROLES:
-        agent = config.agent_for(role) if role else config.agent
-        where = f"roles.{role}.agent" if role else "agent"
-        positive(f"{where}.timeout_seconds", agent.timeout_seconds)
-        if agent.backend is Backend.COMMAND and not agent.command:
-            errors.append(f"$.{where}.command: expected a non-empty argv list for backend: command")
+    positive("agent.timeout_seconds", config.agent.timeout_seconds)
+    if config.agent.backend is Backend.COMMAND and not config.agent.command:
+        errors.append("$.agent.command: expected a non-empty argv list for backend: command")
+    for role in ROLES:
+        override, where = getattr(config.roles, role).agent, f"roles.{role}.agent"
+        if override is None:
+            continue
+        positive(f"{where}.timeout_seconds", override.timeout_seconds, allow_none=True)
+        # a role that makes its agent a command without one (`agent.command` is empty)
+        sets_command = override.backend is not None or override.command is not None
+        if sets_command and config.agent_for(role).backend is Backend.COMMAND \
+                and not config.agent_for(role).command:
+            errors.append(f"$.{where}.command: expected a non-empty argv list for backend: "
+                          f"command")
     for role in ROLES:
         if role != "questioner" and not getattr(config.roles, role).enabled:
             errors.append(f"$.roles.{role}.enabled: only the questioner can be switched off")
@@ -199,36 +206,51 @@ def _range_errors(config: Config) -> list[str]:
     for name in ("confidence_threshold", "risk_threshold", "ambiguity_threshold",
                  "autonomous_continue", "guided_collaboration", "full_human_control"):
         value = getattr(config.fallback, name)
-        if not 0 <= value <= 1:
-            errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {value}")
-    if config.RObot.enabled and config.RObot.telegram.bot_token and \
-            not config.RObot.telegram.allowed_chat_ids:
-        errors.append("$.RObot.telegram.allowed_chat_ids: expected at least one chat id "
-                      "when Telegram is enabled")
+        if f"fallback.{name}" not in not_finite and not 0 <= value <= 1:
+            errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {shown(value)}")
     return errors
 
 
-def parse(text: str | bytes, source: str, all_errors: bool = False) -> Config:
+def channel_errors(config: Config) -> list[str]:
+    """A human channel that cannot work (RObot.enabled without a token or a chat; the
+    environment's token counts): the Telegram settings' own check, so `validate`, `start`
+    and `resume` refuse the same configs."""
+    if not config.RObot.enabled:
+        return []
+    from .channels.telegram import check   # cheap: the bot itself is not loaded
+    try:
+        check(config)
+    except BadInput as e:
+        return [str(e)]
+    return []
+
+
+def parse(text: str | bytes, source: str, all_errors: bool = False,
+          channels: bool = True) -> Config:
+    """The config in `text` (read from `source`), checked in one pass: types, unknown keys,
+    ranges and, with `channels`, the human channels. BadInput lists every error, one a
+    line naming `source` (only the first unless `all_errors`)."""
     data = parse_yaml(text, source)
-    config = structure(data, Config, source, all_errors=all_errors)
-    errors = [f"{source}: {e}" for e in _range_errors(config)]
+    config, errors = structure_each(data, Config)
+    errors += _range_errors(config)
+    if channels and not any(e.startswith("$.RObot") for e in errors):
+        errors += channel_errors(config)
     if errors:
-        raise BadInput("\n".join(errors if all_errors else errors[:1]))
+        lines = [f"{source}: {e}" for e in errors]
+        raise BadInput("\n".join(lines if all_errors else lines[:1]))
     return config
 
 
-def load(path: str | None, all_errors: bool = False) -> Config:
-    """The config at `path`; ./ralph.yml when it exists; else every default."""
+def load(path: str | None, all_errors: bool = False, channels: bool = True) -> Config:
+    """The config at `path`; every default when `path` is None."""
     if path is None:
-        if not os.path.isfile("ralph.yml"):
-            return Config()
-        path = "ralph.yml"
+        return Config()
     try:
         with open(path, "rb") as f:
             text = f.read()
     except OSError as e:
         raise BadInput(f"{path}: cannot read the config ({e.strerror})") from None
-    return parse(text, path, all_errors=all_errors)
+    return parse(text, path, all_errors=all_errors, channels=channels)
 
 
 def to_data(config: Config) -> dict:
@@ -244,8 +266,15 @@ def without_secrets(config: Config) -> Config:
 def load_session_config(session) -> Config:
     """The config a session started with (its snapshot), plus secrets from their source."""
     text, path = session.config_snapshot()
-    config = parse(text, path)
+    config = parse(text, path, channels=False)
     if session.metadata.config_path and os.path.isfile(session.metadata.config_path):
-        token = load(session.metadata.config_path).RObot.telegram.bot_token
+        token = load(session.metadata.config_path, channels=False).RObot.telegram.bot_token
         config.RObot.telegram.bot_token = token
     return config
+
+
+def check_channels(config: Config, source: str) -> None:
+    """For `resume`: the session's config still has working human channels."""
+    errors = channel_errors(config)
+    if errors:
+        raise BadInput(f"{source}: {errors[0]}")

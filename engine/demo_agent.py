@@ -9,7 +9,7 @@ A scenario YAML lists steps; the first whose `role` (and, when given, `iteration
         task: t2
         attempt: 1
         sleep: 0.5              # seconds, before anything else
-        write: {"src/{task}.py": "print('hi')\\n"}        # relative to the workspace
+        write: {"src/{task}.py": "print('hi')\\n"}        # under <workspace>/.ralph-demo/
         write_iteration: {"knowledge/notes.md": "..."}    # relative to RALPH_ITERATION_DIR
         emit:                   # events, as `ralph emit` would append them
           - {topic: build.done, payload: "tests: pass, lint: pass"}
@@ -22,7 +22,8 @@ A scenario YAML lists steps; the first whose `role` (and, when given, `iteration
 
 `{task}`, `{iteration}`, `{role}` and `{attempt}` are replaced in strings. No matching
 step: the agent does nothing and exits 0. This is how users rehearse a config and how
-the tests drive every path.
+the tests drive every path. What it writes lands under `<workspace>/.ralph-demo/`, never
+among the project's own files: no model wrote it.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from session_store._atomic import make_dirs, write_atomic
 from session_store._events import append_event
 
 BUILTIN = "builtin.yaml"
+DEMO_DIR = ".ralph-demo"   # everything the demo writes into a workspace goes here
 
 
 def load_scenario(path: str | None) -> dict:
@@ -81,8 +83,14 @@ def play(step: dict, env: dict) -> int:
             options=[str(o) for o in ask.get("options") or []],
             session_id=env["RALPH_SESSION_ID"], workspace=env["RALPH_WORKSPACE"])
         step = _fill({k: v for k, v in step.items() if k != "ask"}, {"answer": answer or ""})
+    demo_root = os.path.join(env["RALPH_WORKSPACE"], DEMO_DIR)
     for rel, content in (step.get("write") or {}).items():
-        _write(os.path.join(os.getcwd(), rel), content)
+        path = os.path.normpath(os.path.join(demo_root, rel))
+        if os.path.commonpath([path, demo_root]) != demo_root:
+            print(f"demo agent: write {rel!r}: expected a path under {DEMO_DIR}/",
+                  file=sys.stderr)
+            return 2
+        _write(path, content)
     for rel, content in (step.get("write_iteration") or {}).items():
         _write(os.path.join(env["RALPH_ITERATION_DIR"], rel), content)
     iteration = env.get("RALPH_ITERATION")

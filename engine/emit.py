@@ -11,7 +11,7 @@ import re
 import sys
 
 TOPIC = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
-USAGE = "usage: ralph emit TOPIC [PAYLOAD] [--json JSON]"
+USAGE = "usage: ralph emit TOPIC [PAYLOAD] [--json JSON] [--session ID]"
 
 
 class EmitError(Exception):
@@ -83,9 +83,25 @@ def _finite(text: str) -> float:
     return value
 
 
-def session_dir() -> str:
-    """$RALPH_SESSION_DIR inside an agent; else the workspace's session (slower path)."""
-    found = os.environ.get("RALPH_SESSION_DIR")
+def take_session(argv: list[str]) -> tuple[list[str], str | None]:
+    """`--session ID` (or `--session=ID`) out of argv: (the rest, ID or None)."""
+    rest, session, it = [], None, iter(argv)
+    for arg in it:
+        if arg == "--session":
+            session = next(it, None)
+            if session is None:
+                raise EmitError("--session: expected a session id after it")
+        elif arg.startswith("--session="):
+            session = arg[len("--session="):]
+        else:
+            rest.append(arg)
+    return rest, session
+
+
+def session_dir(session_id: str | None = None) -> str:
+    """$RALPH_SESSION_DIR inside an agent; else the workspace's session named by --session,
+    $RALPH_SESSION_ID or the only open one (slower path)."""
+    found = None if session_id else os.environ.get("RALPH_SESSION_DIR")
     if found:
         if not os.path.isdir(found):
             raise EmitError(f"RALPH_SESSION_DIR {found}: no such session directory")
@@ -93,16 +109,20 @@ def session_dir() -> str:
     from session_store import BadInput, resolve_id, sessions_root  # not on an agent's path
     workspace = os.environ.get("RALPH_WORKSPACE", os.getcwd())
     try:
-        return os.path.join(sessions_root(workspace), resolve_id(workspace, None))
+        found = os.path.join(sessions_root(workspace), resolve_id(workspace, session_id))
     except BadInput as e:
         raise EmitError(str(e)) from None
+    if not os.path.isdir(found):
+        raise EmitError(f"unknown session {os.path.basename(found)} in {sessions_root(workspace)}")
+    return found
 
 
 def main(argv: list[str]) -> int:
     from session_store._events import append_event
     try:
+        argv, session_id = take_session(argv)
         topic, payload = parse_args(argv)
-        directory = session_dir()
+        directory = session_dir(session_id)
     except EmitError as e:
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2

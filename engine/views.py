@@ -6,16 +6,17 @@ import json
 import os
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, State, complete_size, list_ids, load,
-                           progress, questions, read_events, running_pid, sessions_root,
+from session_store import (BadInput, PauseKind, State, Status, complete_size, list_ids,
+                           load, progress, questions, read_events, running_pid, sessions_root,
                            signals, tail_events, unstructure)
 
 
-def _resume_command(meta) -> str | None:
-    if meta.orchestrator.state is not State.PAUSED:
+def _resume_command(meta, running: bool) -> str | None:
+    """For a paused session, or an interrupted one (active, but no engine holds it)."""
+    if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
         return None
     base = f"ralph session resume {meta.session_id}"
-    if meta.orchestrator.pause_kind is PauseKind.LIMIT:
+    if meta.orchestrator.state is State.PAUSED and meta.orchestrator.pause_kind is PauseKind.LIMIT:
         return base + " --max-iterations N (or --max-runtime S / --max-cost USD)"
     return base
 
@@ -37,7 +38,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "batch": m.batch,
         "pause_reason": m.orchestrator.pause_reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
-        "resume_command": _resume_command(m),
+        "resume_command": _resume_command(m, pid is not None),
         "tasks": unstructure(_live_counts(it, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
@@ -97,8 +98,21 @@ def answer_outcome(session, question) -> str:
     return "the session goes on with it" + ("" if running else f" {resume}")
 
 
+def standing(v: dict) -> str:
+    """Where a session stands, in words: "paused in EXECUTING_BATCH" (the state it paused
+    from, never "paused in PAUSED"), "interrupted in ..." (active, no engine holds it)."""
+    status, state = v["status"], v["state"]
+    if status in ("completed", "aborted"):
+        return status
+    if state == "PAUSED" and v.get("previous_state"):
+        state = v["previous_state"]
+    if status == "active" and not v["running"]:
+        status = "interrupted"
+    return f"{status} in {state}"
+
+
 def status_text(v: dict) -> str:
-    lines = [f"session {v['session_id']}: {v['status']} in {v['state']}"
+    lines = [f"session {v['session_id']}: {standing(v)}"
              f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
              f"objective: {v['objective'].splitlines()[0] if v['objective'] else ''}",
              f"iteration {v['iteration']}, batch {v['batch']}; tasks: {v['tasks']['completed']} done, "
@@ -110,6 +124,9 @@ def status_text(v: dict) -> str:
     for q in v["pending_questions"]:
         lines.append(f"question {q['id']} ({q['role'] or 'agent'}, asked {_age(q['age_seconds'])} ago, "
                      f"deadline {q['deadline'][:19]}, on timeout: {q['on_timeout']}): {q['text']}")
+        if q["options"]:
+            lines.append("  options: " + "  ".join(f"{i}. {o}" for i, o in
+                                                   enumerate(q["options"], 1)))
         lines.append(f"  answer: {q['answer_command']}")
     if v["waiting_signals"]:
         lines.append(f"signals waiting: {len(v['waiting_signals'])}")
@@ -142,8 +159,10 @@ def list_views(workspace: str) -> list[dict]:
         except BadInput as e:
             views.append({"session_id": sid, "error": str(e)})
             continue
+        previous = m.orchestrator.previous_state
         views.append({
             "session_id": sid, "state": m.orchestrator.state.value, "status": m.status.value,
+            "previous_state": previous.value if previous else None,
             "running": running_pid(os.path.join(sessions_root(workspace), sid)) is not None,
             "iteration": m.iteration, "pause_reason": m.orchestrator.pause_reason,
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
@@ -163,10 +182,14 @@ def list_text(views: list[dict]) -> str:
         if "error" in v:
             lines.append(f"{v['session_id']}  unreadable: {v['error']}")
             continue
-        run = "running" if v["running"] else ("interrupted" if v["status"] == "active" else "")
-        lines.append(f"{v['session_id']}  {v['status']:<9} {v['state']:<18} it {v['iteration']:<3} "
-                     f"{_age(v['age_seconds']):>6} {run}"
-                     + (f"  — {v['pause_reason']}" if v["pause_reason"] else ""))
+        status, _, state = standing(v).partition(" in ")
+        state = state or v["state"]
+        run = " running" if v["running"] else ""
+        lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
+                     f"{_age(v['age_seconds']):>6}{run}"
+                     + (f"  — {v['pause_reason']}" if v["pause_reason"] else "")
+                     + (f"  — resume: ralph session resume {v['session_id']}"
+                        if status == "interrupted" else ""))
     return "\n".join(lines)
 
 

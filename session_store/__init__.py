@@ -21,7 +21,7 @@ _WHERE = {
     "TaskCounts": "_metadata",
     "write_atomic": "_atomic", "make_dirs": "_atomic",
     "structure": "_schema", "parse_yaml": "_schema", "dump_yaml": "_schema",
-    "unstructure": "_schema", "shown": "_schema",
+    "unstructure": "_schema", "shown": "_schema", "structure_each": "_schema",
 }
 _RENAMED = {"acquire_lock": ("_lock", "acquire"), "release_lock": ("_lock", "release"),
             "running_pid": ("_lock", "running_pid")}

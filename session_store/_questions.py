@@ -21,7 +21,7 @@ import attrs
 
 from ._atomic import create_exclusive, write_atomic
 from ._errors import BadInput
-from ._schema import dump_yaml, parse_yaml, structure, unstructure
+from ._schema import dump_yaml, parse_yaml, shown, structure, unstructure
 from ._session import check_id
 
 UNDELIVERABLE = ".undeliverable"   # questions/<QID>.undeliverable: a channel gave up on it
@@ -217,10 +217,37 @@ def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str
         raise BadInput(f"the answer to {qid} is not valid UTF-8 text") from None
     if question.status is QuestionStatus.CANCELLED:
         raise BadInput(f"question {qid} was cancelled: it takes no answer")
+    if has_answer(session_dir, qid):   # before the option check: "already" says it all
+        raise BadInput(f"question {qid} is already answered")
+    text = chosen_option(question.options, text, qid)
     result = Answer(question=qid, text=text, answered_at=now, channel=channel)
     if not create_exclusive(_apath(session_dir, qid), dump_yaml(unstructure(result)), "answer"):
         raise BadInput(f"question {qid} is already answered")
     return result
+
+
+def chosen_option(options: list[str], text: str, qid: str = "the question") -> str:
+    """An answer names an option by its number (`3`, `3.`), its text (any case) or a
+    unique prefix of it: the option's own text is what is kept. A prefix of several is
+    refused (BadInput naming them); anything else is free text, kept as given."""
+    given = text.strip()
+    if not options or not given:
+        return text
+    number = given.rstrip(".)")
+    if number.isascii() and number.isdigit() and 1 <= int(number) <= len(options):
+        return options[int(number) - 1]
+    folded = given.casefold()
+    exact = [o for o in options if o.strip().casefold() == folded]
+    if exact:
+        return exact[0]
+    starting = [o for o in options if o.strip().casefold().startswith(folded)]
+    if len(starting) == 1:
+        return starting[0]
+    if starting:
+        listed = "; ".join(f"{options.index(o) + 1}. {shown(o)}" for o in starting)
+        raise BadInput(f"answer {shown(given)} to {qid} matches several options ({listed}): "
+                       f"answer with one's number or more of its text")
+    return text
 
 
 def read_answer(session_dir: str, qid: str) -> Answer | None:

@@ -2,12 +2,16 @@
 error naming the file and the `$.path`."""
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import re
 import reprlib
+import types
+import typing
 from datetime import datetime, timezone
 
+import attrs
 import cattrs
 import yaml
 
@@ -19,10 +23,15 @@ except AttributeError:  # pragma: no cover - pyyaml without libyaml
     _Loader, _Dumper = yaml.SafeLoader, yaml.SafeDumper
 
 
+# YAML 1.1 reads unquoted yes/no/on/off/true/false as booleans
+BOOLEAN_HINT = "(YAML reads unquoted yes/no/on/off/true/false as booleans: quote the value)"
+
+
 def _strict(kind, name):
     def structure(value, _type):
         if type(value) is bool and kind is not bool:
-            raise TypeError(f"expected {name}, got a boolean")
+            raise TypeError(f"expected {name}, got a boolean"
+                            + (f" {BOOLEAN_HINT}" if kind is str else ""))
         if not isinstance(value, kind):
             raise TypeError(f"expected {name}, got {type(value).__name__}")
         return value
@@ -68,7 +77,8 @@ def _structure_enum(value, cls):
         except (ValueError, TypeError):
             pass
     allowed = ", ".join(str(m.value) for m in cls)
-    raise ValueError(f"expected one of {allowed}, got {shown(value)}")
+    hint = f" {BOOLEAN_HINT}" if type(value) is bool else ""
+    raise ValueError(f"expected one of {allowed}, got {shown(value)}{hint}")
 
 
 def make_converter() -> cattrs.Converter:
@@ -199,6 +209,9 @@ def _sequence(items: list, pad: str, out: list[str]) -> None:
 
 
 def structure(data, cls, source: str, all_errors: bool = False):
+
+
+def structure(data, cls, source: str):
     """Build `cls` from plain data; BadInput naming `source` and the path otherwise."""
     if data is None:
         data = {}
@@ -208,8 +221,72 @@ def structure(data, cls, source: str, all_errors: bool = False):
         return converter.structure(data, cls)
     except Exception as e:  # cattrs wraps every field error in a group
         errors = structure_errors(e)
-        lines = [f"{source}: {_path_first(m)}" for m in errors]
-        raise BadInput("\n".join(lines if all_errors else lines[:1])) from None
+        raise BadInput(f"{source}: {_path_first(errors[0])}") from None
+
+
+def structure_each(data, cls) -> tuple[object, list[str]]:
+    """Build `cls` from what is right in `data`, field by field, and list every mistake
+    (`$.path: what`, one line each): a wrong field keeps its default, so checks on the
+    values can run over the rest in the same pass. For attrs classes whose every field
+    has a default (a config)."""
+    errors: list[str] = []
+    return _each(data, cls, "$", errors), errors
+
+
+def _each(data, cls, path: str, errors: list[str]):
+    if data is None and path == "$":
+        data = {}   # an empty file
+    if not isinstance(data, dict):
+        errors.append(f"{path}: expected a mapping, got {_kind(data)}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in attrs.fields(cls)]
+    values, unknown = {}, []
+    for key, value in data.items():
+        if key not in names:   # said after the fields' errors, as cattrs orders them
+            unknown.append(f"{path}: unknown key {key if isinstance(key, str) else shown(key)}"
+                           + _did_you_mean(key, names))
+            continue
+        where = f"{path}.{key}"
+        inner = _attrs_class(hints[key])
+        if inner is not None and isinstance(value, dict):
+            values[key] = _each(value, inner, where, errors)
+            continue
+        if inner is not None and not (value is None and _optional(hints[key])):
+            errors.append(f"{where}: expected a mapping, got {_kind(value)}")
+            continue
+        try:
+            values[key] = converter.structure(value, hints[key])
+        except Exception as e:
+            for message in structure_errors(e):
+                what, _, sub = message.rpartition(" @ $")
+                errors.append(f"{where}{sub}: {what}" if what else f"{where}: {message}")
+    errors += unknown
+    return cls(**values)
+
+
+def _did_you_mean(key, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1) if isinstance(key, str) else []
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _attrs_class(tp):
+    """The attrs class `tp` is, or is Optional of; else None."""
+    candidates = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+    return next((c for c in candidates if attrs.has(c)), None)
+
+
+def _optional(tp) -> bool:
+    return isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
+        type(value), type(value).__name__)
 
 
 def _path_first(message: str) -> str:

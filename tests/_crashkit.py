@@ -99,7 +99,7 @@ def check_after_kill(ws: Path, sid: str) -> None:
         assert isinstance(json.loads(line), dict), line
 
 
-def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", "demo-project")) -> dict:
+def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo")) -> dict:
     """Invariants of a finished session; returns what must equal an uninterrupted run."""
     sd = session_dir(ws, sid)
     check_after_kill(ws, sid)
@@ -125,7 +125,7 @@ def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", "demo-
     return outcome(ws, sid, roots)
 
 
-def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", "demo-project")) -> dict:
+def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo")) -> dict:
     """What a finished session must share with an uninterrupted run of the same scenario:
     status, tasks, progress, iteration records, the files the work produced, the path."""
     sd = session_dir(ws, sid)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import ralph, write_config
+from conftest import base_env, ralph, write_config
 from engine import config as cfg
 from session_store import BadInput
 
@@ -84,3 +84,74 @@ def test_session_snapshot_keeps_no_token(workspace):
     for path in (workspace / ".ralph-sessions").rglob("*"):
         if path.is_file():
             assert b"SECRET-MARKER-123" not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("robot, path", [
+    ({"enabled": True}, "$.RObot.telegram.bot_token"),
+    ({"enabled": True, "telegram": {"bot_token": "123:abc"}}, "$.RObot.telegram.allowed_chat_ids"),
+    ({"enabled": True, "telegram": {"allowed_chat_ids": [1]}}, "$.RObot.telegram.bot_token"),
+])
+def test_validate_and_start_refuse_the_same_telegram_config(workspace, robot, path):
+    """Issue 13, item 8: one check for both, its line naming the file."""
+    write_config(workspace, {"RObot": robot})
+    for args in (["validate"], ["session", "start", "x"]):
+        r = ralph(workspace, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ralph: error: ralph.yml: {path}: "), \
+            (args, lines)
+    assert not (workspace / ".ralph-sessions").exists()
+    if path.endswith("bot_token"):   # the environment's token counts for both
+        env = base_env(RALPH_TELEGRAM_BOT_TOKEN="123:abc")
+        r = ralph(workspace, "validate", env=env)
+        assert ("allowed_chat_ids" in r.stderr) != (r.returncode == 0), r.stderr
+
+
+def test_validate_reports_every_kind_of_error_in_one_pass(workspace):
+    """Issue 13, item 11: types, unknown keys and ranges together, one line each."""
+    write_config(workspace, {"event_loop": {"max_iterations": -3, "max_iteration": 2,
+                                            "max_runtime_seconds": "soon"},
+                             "fallback": {"confidence_threshold": 7},
+                             "agent": {"timeout_seconds": 0}})
+    for args in (["validate"], ["session", "start", "x"]):
+        r = ralph(workspace, *args)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert all(line.startswith("ralph: error: ralph.yml: $") for line in lines), lines
+        found = sorted(re.search(r"\$[\w.]*", line)[0] for line in lines)
+        assert found == ["$.agent.timeout_seconds", "$.event_loop", "$.event_loop.max_iterations",
+                         "$.event_loop.max_runtime_seconds", "$.fallback.confidence_threshold"], \
+            lines
+
+
+def test_a_role_inheriting_a_bad_agent_value_is_not_another_error(workspace):
+    """Issue 13, item 11: `agent.timeout_seconds: 0` is one mistake, one line (it was six,
+    one per role); a role's own wrong value is its own line."""
+    write_config(workspace, {"agent": {"timeout_seconds": 0, "backend": "command"},
+                             "roles": {"reviewer": {"agent": {"timeout_seconds": -1}}}})
+    r = ralph(workspace, "validate")
+    assert r.returncode == 2
+    assert sorted(r.stderr.strip().splitlines()) == [
+        "ralph: error: ralph.yml: $.agent.command: expected a non-empty argv list for "
+        "backend: command",
+        "ralph: error: ralph.yml: $.agent.timeout_seconds: expected a positive number, got 0.0",
+        "ralph: error: ralph.yml: $.roles.reviewer.agent.timeout_seconds: expected a positive "
+        "number, got -1.0"]
+
+
+def test_unknown_keys_get_a_did_you_mean_and_yaml_booleans_a_hint(workspace):
+    """Issue 13, item 11."""
+    (workspace / "ralph.yml").write_text(
+        "event_loop: {max_iteration: 3}\nknowlege: {}\n"
+        "RObot: {on_timeout: off}\nagent: {command: [run, yes]}\n")
+    r = ralph(workspace, "validate")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert "ralph: error: ralph.yml: $.event_loop: unknown key max_iteration " \
+           "(did you mean max_iterations?)" in lines, lines
+    assert "ralph: error: ralph.yml: $: unknown key knowlege (did you mean knowledge?)" in lines
+    hinted = [line for line in lines if "quote" in line]
+    assert [re.search(r"\$[\w.\[\]0-9]*", line)[0] for line in hinted] == [
+        "$.RObot.on_timeout", "$.agent.command[1]"], lines
+    assert all("yes/no/on/off" in line for line in hinted)
+    assert len(lines) == 4

@@ -64,7 +64,7 @@ def test_a_paused_session_shows_where_it_stopped_and_how(workspace):
     assert "Class COMPLETE s_default" in mermaid  # never reached
     dot = ralph(workspace, "diagram", "--session", "p", "--format", "dot").stdout
     assert re.search(r'PAUSED \[label="PAUSED\\l" color=red', dot)
-    assert 'PLANNING -> PAUSED [label="pause ×1" color=blue' in dot
+    assert 'PLANNING -> PAUSED [label="pause ×1\\nstep 7" color=blue' in dot
     assert 'PAUSED -> COMPLETE [label="abort"]' in dot
     out = workspace / "p.svg"
     assert ralph(workspace, "diagram", "--session", "p", "--format", "svg", "-o", out).returncode == 0
@@ -79,3 +79,48 @@ def test_without_graphviz_svg_says_how_to_install(workspace, tmp_path):
     assert r.returncode == 2 and "apt-get install graphviz" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert ralph(workspace, "diagram", env=env).returncode == 0  # mermaid needs nothing
+
+
+def test_a_session_diagram_reads_at_a_glance(workspace):
+    """Issue 13, item 14: a title (session, where it stands, why it paused), a legend, the
+    order of the path, taken and untaken triggers on edges of their own, visited states
+    filled."""
+    env = base_env(**FAST)
+    assert ralph(workspace, "session", "start", "obj", "--id", "p", "--max-iterations", "1",
+                 env=env).returncode == 5
+    dot = ralph(workspace, "diagram", "--session", "p", "--format", "dot").stdout
+    assert "<b>session p</b>: paused in PLANNING" in dot
+    assert "paused: max_iterations reached (1)" in dot
+    assert "legend" in dot and "where it stands" in dot and "not taken" in dot
+    assert 'EXECUTING_BATCH -> REVIEWING_BATCH [label="batch_done ×2\\nsteps 2, 4"' in dot
+    assert '<td align="right" border="0">7.</td>' \
+           '<td align="left" border="0">PLANNING → PAUSED <font color="blue">pause</font>' in dot
+    assert 'EXECUTING_BATCH [label="EXECUTING_BATCH\\l" color=blue fillcolor="lightskyblue"' in dot
+    assert 'COMPLETE [label="COMPLETE\\l"]' in dot   # never reached: not filled
+    # the same session completed: objective_met is taken, abort (same states) is not
+    assert ralph(workspace, "session", "resume", "p", "--max-iterations", "2",
+                 env=env).returncode == 0
+    dot = ralph(workspace, "diagram", "--session", "p", "--format", "dot").stdout
+    assert 'PLANNING -> COMPLETE [label="objective_met ×1\\nstep 9" color=blue' in dot
+    assert 'PLANNING -> COMPLETE [label="abort"]' in dot
+    assert not [line for line in dot.splitlines() if "abort" in line and "color=blue" in line]
+    mermaid = ralph(workspace, "diagram", "--session", "p").stdout
+    assert 'title: "session p: completed"' in mermaid
+    assert "PLANNING --> COMPLETE: objective_met ×1 (step 9)\n  PLANNING --> COMPLETE: abort\n" \
+        in mermaid
+    assert "note right of COMPLETE: red: where it stands" in mermaid
+    png = workspace / "p.png"
+    assert ralph(workspace, "diagram", "--session", "p", "--format", "png", "-o",
+                 png).returncode == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_readme_says_what_is_optional_and_links_only_inside_the_repo():
+    """Issue 13, item 15: Graphviz is optional (SVG/PNG) and how to install it; every link
+    stays in the repository and points at a file that is there."""
+    readme = (REPO / "README.md").read_text()
+    assert "apt-get install graphviz" in readme and "brew install graphviz" in readme
+    assert re.search(r"Graphviz[^\n]*optional|optional[^\n]*Graphviz", readme, re.I)
+    assert not re.findall(r"https?://|\]\(//|\.\./", readme)
+    for target in re.findall(r"\]\(([^)#]+)", readme):
+        assert (REPO / target).exists(), target

@@ -235,8 +235,8 @@ def test_in_run_ask_answered_and_timed_out(workspace):
     assert ralph(workspace, "session", "answer", "h", "Ada").returncode == 0
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
-    assert (workspace / "name.txt").read_text() == "Ada"
-    assert (workspace / "color.txt").read_text() == "blue"   # the default, after exit 3
+    assert (workspace / ".ralph-demo/name.txt").read_text() == "Ada"
+    assert (workspace / ".ralph-demo/color.txt").read_text() == "blue"   # the default, after exit 3
     statuses = {q["text"]: q["status"] for q in question_files(sd)}
     assert statuses == {"Name?": "answered", "Color?": "timed_out"}
     assert qid
@@ -282,3 +282,66 @@ def test_guidance_is_squashed_numbered_and_recorded(workspace):
     assert "use tabs" not in prompts(sd, "planner", iteration=2)[0]
     pad = (sd / "scratchpad.md").read_text()
     assert "use tabs" in pad and "target Python 3.11" in pad
+
+
+FALLBACK_OPTIONS = ["Continue autonomously", "Continue, but check in with me before each task",
+                    "Pause the session"]
+
+
+def _asking(workspace, *qids, options=FALLBACK_OPTIONS) -> Path:
+    """A session (no engine) with a pending question per id, each with `options`."""
+    from datetime import timedelta
+
+    from session_store import create, questions
+    asked = datetime.now(timezone.utc)
+    session = create(str(workspace), "obj", now=asked, session_id="q")
+    for qid in qids:
+        questions.ask(session.dir, questions.Question(
+            id=qid, text="What now?\n1. ...", asked_at=asked,
+            deadline=asked + timedelta(hours=1), on_timeout="continue", options=list(options),
+            context=questions.QuestionContext(session="q", state="EXECUTING_BATCH",
+                                              iteration=1)))
+    return Path(session.dir)
+
+
+def _stored(sd: Path, qid: str) -> str | None:
+    path = sd / f"answers/{qid}.yaml"
+    return yaml.safe_load(path.read_text())["text"] if path.exists() else None
+
+
+def test_options_are_answered_by_number_text_or_unique_prefix(workspace):
+    """Issue 13, item 3: "3" answers "3. Pause the session"; so do its text in any case
+    and a unique prefix. The option's text is what is stored, from any channel."""
+    sd = _asking(workspace, "q1", "q2", "q3", "q4", "q5", "q6")
+    for qid, given in (("q1", "3"), ("q2", "pause the SESSION"), ("q3", "  pau")):
+        r = ralph(workspace, "session", "answer", "q", given, "--question", qid)
+        assert r.returncode == 0, r.stderr
+        assert _stored(sd, qid) == "Pause the session"
+        assert "'Pause the session'" in r.stdout
+    # a prefix of two options is refused in one line naming both, and writes nothing
+    r = ralph(workspace, "session", "answer", "q", "continue", "--question", "q4")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "1. 'Continue autonomously'" in r.stderr and "2. 'Continue, but" in r.stderr
+    assert _stored(sd, "q4") is None
+    assert ralph(workspace, "session", "answer", "q", "Continue,", "--question",
+                 "q4").returncode == 0
+    assert _stored(sd, "q4") == FALLBACK_OPTIONS[1]
+    # free text that names no option is a human's own answer: kept as written
+    assert ralph(workspace, "session", "answer", "q", "use postgres, then go on",
+                 "--question", "q5").returncode == 0
+    assert _stored(sd, "q5") == "use postgres, then go on"
+    # the store resolves it, so Telegram (and any channel) gets the same
+    from session_store import questions
+    given = questions.answer(str(sd), "q6", "1", now=datetime.now(timezone.utc),
+                             channel="telegram")
+    assert given.text == "Continue autonomously" == _stored(sd, "q6")
+
+
+def test_a_second_answer_without_question_says_already_answered(workspace):
+    """Issue 13, item 12: the second answer is refused as "already answered", not as
+    "no pending question"; the first stays."""
+    sd = _asking(workspace, "q1")
+    assert ralph(workspace, "session", "answer", "q", "2").returncode == 0
+    r = ralph(workspace, "session", "answer", "q", "1")
+    assert r.returncode == 2 and "already answered" in r.stderr, r.stderr
+    assert _stored(sd, "q1") == FALLBACK_OPTIONS[1]

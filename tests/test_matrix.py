@@ -66,7 +66,7 @@ from session_store import BadInput, progress, questions
 SID = "matrix"
 OBJECTIVE = "Build a key-value store with a CLI"
 AGENT = Path(__file__).resolve().parent / "_matrix_agent.py"
-ROOTS = (".docs", "kv")
+ROOTS = (".docs", ".ralph-demo/kv")
 
 EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
             "complexity: 3, duplication: pass")

@@ -46,7 +46,7 @@ def test_demo_session_end_to_end(workspace):
                  "iterations/1/knowledge/promoted.yaml", "iterations/1/logs"):
         assert (sd / name).exists(), name
     assert progress_markers(sd) == {"1": {"greet": "x", "farewell": "x", "cli": "x"}}
-    assert (workspace / ".docs" / "demo-project.md").exists()
+    assert (workspace / ".ralph-demo/docs/demo-project.md").exists()
     meta = metadata(sd)
     assert meta["status"] == "completed" and meta["orchestrator"]["state"] == "COMPLETE"
     assert meta["tasks"] == {"total": 3, "completed": 3, "failed": 0, "pending": 0}
@@ -277,3 +277,150 @@ def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
         r = ralph(workspace, "session", "resume", sid, env=base_env(**FAST))
         assert r.returncode == 0, r.stdout + r.stderr
         assert progress_markers(sd)["1"]["slow"] == "x"
+
+
+def test_the_workspace_holds_the_config(tmp_path):
+    """Issue 13, item 5: with --workspace W (or $RALPH_WORKSPACE), init writes W/ralph.yml,
+    validate and start read it; `-c PATH` stays relative to the current directory."""
+    from test_gates import DONE, plan
+    ws, here = tmp_path / "W", tmp_path / "here"
+    ws.mkdir()
+    here.mkdir()
+    r = ralph(here, "--workspace", ws, "init")
+    assert r.returncode == 0, r.stderr
+    assert (ws / "ralph.yml").exists() and not (here / "ralph.yml").exists()
+    (ws / "ralph.yml").write_text("event_loop: {max_iterations: 0}\n")
+    r = ralph(here, "--workspace", ws, "validate")
+    assert r.returncode == 2 and "ralph.yml: $.event_loop.max_iterations" in r.stderr, r.stderr
+    r = ralph(here, "validate", env=base_env(RALPH_WORKSPACE=ws))
+    assert r.returncode == 2 and "$.event_loop.max_iterations" in r.stderr, r.stderr
+    scenario = write_scenario(ws, [plan("only_in_w"), *DONE])
+    write_config(ws, {"agent": {"backend": "demo", "script": str(scenario)}})
+    r = ralph(here, "--workspace", ws, "session", "start", "obj", "--id", "w1",
+              env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert progress_markers(ws / ".ralph-sessions/w1") == {"1": {"only_in_w": "x"}}
+    assert not (here / ".ralph-sessions").exists()
+    write_config(here, {"event_loop": {"max_iterations": "x"}}, name="mine.yml")
+    r = ralph(here, "--workspace", ws, "validate", "-c", "mine.yml")
+    assert r.returncode == 2 and "mine.yml: $.event_loop.max_iterations" in r.stderr, r.stderr
+
+
+def test_the_demo_says_so_and_keeps_its_files_apart(workspace):
+    """Issue 13, item 9: with no ralph.yml the demo plays, says so first, and writes
+    nothing among the project's files: its work and its promoted knowledge go to
+    .ralph-demo/."""
+    (workspace / "README.md").write_text("the user's project\n")
+    r = ralph(workspace, "session", "start", "obj", "--id", "d", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.splitlines()[0].startswith(
+        "demo agent: no model is called; `ralph init` to choose yours"), r.stderr
+    assert sorted(p.name for p in workspace.iterdir()) == [".ralph-demo", ".ralph-sessions",
+                                                           "README.md"]
+    assert (workspace / ".ralph-demo/demo-project/greet.py").exists()
+    assert (workspace / ".ralph-demo/docs/demo-project.md").exists()
+    # a configured agent is not the demo: not a word about it
+    write_config(workspace, {"agent": {"backend": "command",
+                                       "command": ["sh", "-c", "echo LOOP_COMPLETE"]}})
+    r = ralph(workspace, "session", "start", "obj", "--id", "c")
+    assert r.returncode == 0 and "demo agent" not in r.stdout + r.stderr, r.stderr
+
+
+def test_bare_ralph_prints_help_and_version_comes_from_the_package(workspace):
+    """Issue 13, item 12."""
+    from importlib.metadata import version
+    r = ralph(workspace)
+    assert r.returncode == 0 and r.stdout.startswith("usage: ralph"), r.stdout + r.stderr
+    assert "session" in r.stdout and "exit codes:" in r.stdout
+    r = ralph(workspace, "--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"ralph {version('ralph')}"
+
+
+def test_every_argument_has_help_and_help_lists_the_exit_codes(workspace):
+    """Issue 13, item 12: no flag or argument without a word of help; every --help ends
+    with the exit codes."""
+    import argparse
+
+    from engine.cli.parser import build_parser
+
+    def walk(parser, name):
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    yield from walk(child, f"{name} {sub}")
+    missing = []
+    for name, parser in walk(build_parser(), "ralph"):
+        missing += [f"{name}: {a.option_strings or a.dest}" for a in parser._actions
+                    if not a.help or a.help == argparse.SUPPRESS]
+        assert "exit codes:" in parser.format_help(), name
+    assert missing == []
+    text = ralph(workspace, "session", "start", "--help").stdout
+    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "130 "):
+        assert f"\n  {code}" in text, code
+
+
+def test_resume_and_answer_default_to_the_only_open_session(workspace):
+    """Issue 13, item 12: like status, resume and answer need no ID when one session is open."""
+    scenario = write_scenario(workspace, [
+        {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
+            "tasks": [{"id": "t", "title": "T"}]}}]},
+        {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+        {"role": "executor", "attempt": 1, "emit": [{"topic": "human.interact", "json": {
+            "text": "Which?", "options": ["left", "right"]}}]},
+        {"role": "executor", "emit": [{"topic": "build.done", "payload":
+            "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
+            "complexity: 1, duplication: pass"}]},
+        {"role": "reviewer", "emit": [{"topic": "review.done",
+                                       "payload": "tests: pass, build: pass"}]},
+    ])
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "RObot": {"timeout_seconds": 600}})
+    from conftest import spawn, wait_for
+    proc = spawn(workspace, "session", "start", "obj", "--id", "only")
+    sd = workspace / ".ralph-sessions/only"
+    wait_for(lambda: list(sd.glob("questions/*.yaml")))
+    assert ralph(workspace, "signal", "pause", "later").returncode == 0
+    assert proc.wait(30) == 3
+    r = ralph(workspace, "session", "answer", "2")
+    assert r.returncode == 0, r.stderr
+    r = ralph(workspace, "session", "resume", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    answer = next(e for e in events(sd) if e["topic"] == "human.response")
+    assert "right" in json.dumps(answer["payload"])
+
+
+def test_emit_takes_the_session_flag_its_error_names(workspace):
+    """Issue 13, item 12: with two open sessions emit asks for --session; given, it works."""
+    for sid in ("e1", "e2"):
+        r = ralph(workspace, "session", "start", "obj", "--id", sid, "--max-iterations", "1",
+                  env=base_env(**FAST))
+        assert r.returncode == 5, r.stderr
+    r = ralph(workspace, "emit", "note", "hello")
+    assert r.returncode == 2 and "--session" in r.stderr
+    for args in (["emit", "note", "hello", "--session", "e2"],
+                 ["emit", "--session=e2", "note2", "--json", '{"a": 1}'],
+                 ["--workspace", workspace, "emit", "note3", "--session", "e2"]):
+        r = ralph(workspace, *args)
+        assert r.returncode == 0, (args, r.stderr)
+    last = [(e["topic"], e["payload"]) for e in events(workspace / ".ralph-sessions/e2")][-3:]
+    assert last == [("note", "hello"), ("note2", {"a": 1}), ("note3", None)]
+    r = ralph(workspace, "emit", "note", "--session", "nope")
+    assert r.returncode == 2 and "unknown session" in r.stderr
+
+
+def test_a_closed_pipe_ends_the_output_quietly(workspace):
+    """Issue 13, item 12: `ralph session status | head -1` and friends: no "internal error"."""
+    import subprocess
+
+    from conftest import RALPH
+    assert ralph(workspace, "session", "start", "obj", "--id", "p", env=base_env(**FAST)
+                 ).returncode == 0
+    for args in (["session", "status"], ["session", "list"], ["session", "tail", "p"]):
+        read, write = os.pipe()
+        os.close(read)   # the reader is gone before the first line
+        proc = subprocess.run(RALPH + args, cwd=workspace, env=base_env(), stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+        os.close(write)
+        assert proc.stderr == "", (args, proc.stderr)
+        assert proc.returncode == 141, args

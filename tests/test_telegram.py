@@ -342,7 +342,7 @@ def test_an_in_run_ask_is_answered_by_a_reply(workspace, fake):
     fake.push(CHAT, "Ada", reply_to=question)
     code, out, err = finish(proc)
     assert code == 0, out + err
-    assert (workspace / "name.txt").read_text() == "Ada"
+    assert (workspace / ".ralph-demo/name.txt").read_text() == "Ada"
     assert_no_token(workspace, out, err)
 
 

@@ -46,7 +46,7 @@ STEPS = [
      "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
     {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
 ]
-ROOTS = (".docs", "out")
+ROOTS = (".docs", ".ralph-demo/out")
 
 
 def sd_of(ws: Path) -> Path:

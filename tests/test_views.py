@@ -139,3 +139,34 @@ def test_live_line_on_a_terminal_plain_lines_elsewhere(workspace):
     r = ralph(workspace, "session", "start", "obj", "--id", "plain", env=base_env(**FAST))
     assert r.returncode == 0 and "\x1b" not in r.stdout and "\r" not in r.stdout
     assert all(line.startswith("[") or line.startswith("session ") for line in r.stdout.splitlines())
+
+
+def test_status_and_list_say_where_a_session_paused_or_was_interrupted(workspace):
+    """Issue 13, item 13: a paused session names the state it paused from (never "paused
+    in PAUSED"); one whose engine died says "interrupted" and how to resume it."""
+    import signal
+    scenario = write_scenario(workspace, SLOW)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
+    engine = spawn(workspace, "session", "start", "obj", "--id", "cut")
+    wait_for(lambda: once_there(workspace, "cut", lambda v: v["running"]
+                                and v["state"] == "EXECUTING_BATCH"))
+    os.kill(engine.pid, signal.SIGKILL)   # the engine dies; its agent is left asleep
+    engine.wait(10)
+    text = ralph(workspace, "session", "status", "cut").stdout
+    assert text.splitlines()[0].startswith("session cut: interrupted in EXECUTING_BATCH"), text
+    assert "resume: ralph session resume cut" in text
+    assert status_json(workspace, "cut")["resume_command"] == "ralph session resume cut"
+    line = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    assert "interrupted" in line and "EXECUTING_BATCH" in line
+    assert "ralph session resume cut" in line
+    # resumed with a PAUSE waiting: it stops the leftover agent and pauses at once
+    assert ralph(workspace, "signal", "pause", "lunch", "--session", "cut").returncode == 0
+    r = ralph(workspace, "session", "resume", "cut")
+    assert r.returncode == 3, r.stdout + r.stderr
+    text = ralph(workspace, "session", "status", "cut").stdout
+    assert text.splitlines()[0].startswith("session cut: paused in EXECUTING_BATCH"), text
+    assert "PAUSED" not in text.splitlines()[0]
+    line = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    assert "paused" in line and "EXECUTING_BATCH" in line and "PAUSED" not in line, line
+    listed = json.loads(ralph(workspace, "session", "list", "--json").stdout)[0]
+    assert (listed["state"], listed["previous_state"]) == ("PAUSED", "EXECUTING_BATCH")

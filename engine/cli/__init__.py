@@ -7,6 +7,8 @@ import sys
 
 from .common import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM
 
+EXIT_BROKEN_PIPE = 141   # what a shell reports for a program its reader left (128 + SIGPIPE)
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM: stop like ^C (the session stays resumable), exit 143."""
@@ -31,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()   # inside the try: a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:   # `ralph session list | head -1`: the reader has had enough
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt as e:
         print("ralph: interrupted; the session is resumable", file=sys.stderr)
         return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
@@ -46,3 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ralph: internal error: {type(e).__name__}: {e} (RALPH_DEBUG=1 shows where)",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush at exit would hit the
+    closed pipe again and print a warning."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

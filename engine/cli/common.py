@@ -13,6 +13,21 @@ def workspace(args) -> str:
                            or os.environ.get("RALPH_WORKSPACE") or os.getcwd())
 
 
+def config_file(args) -> str | None:
+    """The config a command uses: `-c PATH` as given (relative to the current directory),
+    else the workspace's ralph.yml when there is one, else None (every default)."""
+    if getattr(args, "config", None):
+        return args.config
+    path = os.path.join(workspace(args), "ralph.yml")
+    return shown_path(path) if os.path.isfile(path) else None
+
+
+def shown_path(path: str) -> str:
+    """`path` as an operator reads it: relative when it is under the current directory."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def open_session(args):
     from session_store import BadInput, Status, load, resolve_id
     ws = workspace(args)

@@ -7,33 +7,56 @@ from . import agent_tools, sessions
 from . import workspace as workspace_cmds
 from .common import EXIT_BAD_INPUT, SESSION_FLAGS_HELP
 
+EXIT_CODES = """exit codes:
+  0    completed (also when some tasks ended [F]); any other command: done
+  1    internal error
+  2    bad input or refused (usage, config, unknown session, a session locked by a
+       running engine, resume of a finished session, a question already answered)
+  3    paused (resumable)
+  4    aborted
+  5    paused by a limit (resume with a higher --max-iterations, --max-runtime or --max-cost)
+  130  interrupted by SIGINT, 143 by SIGTERM (both resumable)
+  141  the reader of the output went away (e.g. `| head`)"""
+
 
 def build_parser():
     import argparse  # not on `ralph emit`'s path
 
     class Parser(argparse.ArgumentParser):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("epilog", EXIT_CODES)
+            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+            super().__init__(*args, **kwargs)
+
         def error(self, message):  # one line, exit 2, no usage dump
             print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
             raise SystemExit(EXIT_BAD_INPUT)
 
     common = Parser(add_help=False)
-    common.add_argument("--workspace", default=argparse.SUPPRESS,
+    common.add_argument("--workspace", default=argparse.SUPPRESS, metavar="DIR",
                         help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
     parser = Parser(prog="ralph", parents=[common],
                     description="Drive coding agents through a durable, human-steerable state machine.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"ralph {_version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
+                                help="what to do (ralph COMMAND --help for its flags)")
+    parser.set_defaults(handler=lambda _args: _print_help(parser))
 
     p = sub.add_parser("init", parents=[common], help="write a commented ralph.yml with every default")
-    p.add_argument("-o", "--output", default="ralph.yml")
-    p.add_argument("--force", action="store_true")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write it (default: the workspace's ralph.yml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(handler=workspace_cmds.cmd_init)
 
     p = sub.add_parser("validate", parents=[common], help="check a config, print every error")
-    p.add_argument("-c", "--config")
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="the config (default: the workspace's ralph.yml)")
     p.set_defaults(handler=workspace_cmds.cmd_validate)
 
     session = sub.add_parser("session", help="start, resume and inspect sessions")
-    ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser)
+    ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser,
+                                  metavar="COMMAND", help="one of these")
 
     def positive(kind, most=None):
         """A flag's number: finite and above 0 (argparse's float takes nan and inf, which
@@ -58,58 +81,74 @@ def build_parser():
     seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads cattrs)
 
     def limit_flags(p):
-        p.add_argument("--max-iterations", type=positive(int))
-        p.add_argument("--max-runtime", type=seconds, metavar="SECONDS")
-        p.add_argument("--max-cost", type=positive(float), metavar="USD")
+        p.add_argument("--max-iterations", type=positive(int), metavar="N",
+                       help="pause (exit 5) after N iterations "
+                            "(default: event_loop.max_iterations)")
+        p.add_argument("--max-runtime", type=seconds, metavar="SECONDS",
+                       help="pause (exit 5) after this much engine time "
+                            "(default: event_loop.max_runtime_seconds)")
+        p.add_argument("--max-cost", type=positive(float), metavar="USD",
+                       help="pause (exit 5) once agents report this cost "
+                            "(default: event_loop.max_cost_usd)")
 
     p = ssub.add_parser("start", parents=[common], help="create a session and run it")
-    p.add_argument("objective", nargs="?")
+    p.add_argument("objective", nargs="?", help="what the session is to achieve (or -p FILE)")
     p.add_argument("-p", "--prompt-file", metavar="FILE", help="read the objective from FILE")
-    p.add_argument("-c", "--config", help="ralph.yml (default: ./ralph.yml if present)")
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="the config (default: the workspace's ralph.yml, if present)")
     p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
     p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
     limit_flags(p)
     p.set_defaults(handler=sessions.cmd_start)
 
     p = ssub.add_parser("resume", parents=[common], help="continue a paused or interrupted session")
-    p.add_argument("session_id", metavar="ID")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
     p.add_argument("--message", help="guidance for the next agent invocation")
     limit_flags(p)
     p.set_defaults(handler=sessions.cmd_resume)
 
     p = ssub.add_parser("status", parents=[common], help="where a session stands")
-    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("session_id", metavar="ID", nargs="?",
+                   help=SESSION_FLAGS_HELP + ", then the newest")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=sessions.cmd_status)
 
     p = ssub.add_parser("answer", parents=[common], help="answer a pending human question")
-    p.add_argument("session_id", metavar="ID")
-    p.add_argument("text")
+    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
+    p.add_argument("text", metavar="TEXT",
+                   help="the answer: free text, or an option by its number, text or a unique "
+                        "prefix")
     p.add_argument("--question", metavar="QID", help="default: the only pending question")
     p.set_defaults(handler=sessions.cmd_answer)
 
     p = ssub.add_parser("tail", parents=[common], help="the session's events; -f follows them")
-    p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
-    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("session_id", metavar="ID", nargs="?",
+                   help=SESSION_FLAGS_HELP + ", then the newest")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="print new events as they land, until the session ends")
     p.add_argument("-n", "--lines", type=int, default=20, help="how many past events (default 20)")
     p.add_argument("--json", action="store_true", help="one JSON record a line")
     p.set_defaults(handler=sessions.cmd_tail)
 
     p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(handler=sessions.cmd_list)
 
     p = sub.add_parser("diagram", parents=[common], help="draw the machine (and a session's path)")
-    p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
-    p.add_argument("--session", help="highlight where this session stands and the path it took")
-    p.add_argument("-o", "--output", metavar="FILE")
+    p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid",
+                   help="mermaid (default) or dot as text; svg and png need Graphviz")
+    p.add_argument("--session", metavar="ID",
+                   help="highlight where this session stands and the path it took")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     p.set_defaults(handler=workspace_cmds.cmd_diagram)
 
     bot = sub.add_parser("bot", help="the workspace's Telegram bot")
-    bsub = bot.add_subparsers(dest="bot_command", required=True, parser_class=Parser)
+    bsub = bot.add_subparsers(dest="bot_command", required=True, parser_class=Parser,
+                              metavar="COMMAND", help="one of these")
     p = bsub.add_parser("run", parents=[common],
                         help="run the Telegram bot in the foreground for every session")
-    p.add_argument("-c", "--config", help="ralph.yml (default: the workspace's, if present)")
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="the config (default: the workspace's ralph.yml, if present)")
     p.set_defaults(handler=workspace_cmds.cmd_bot_run)
 
     p = sub.add_parser("web", parents=[common],
@@ -121,9 +160,10 @@ def build_parser():
 
     p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
-                   type=str.lower)
-    p.add_argument("message")
-    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+                   type=str.lower, metavar="TYPE",
+                   help="steer | info | pause | abort | approve | skip")
+    p.add_argument("message", metavar="MESSAGE", help="what the session is told")
+    p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.add_argument("--target", default="ALL",
                    help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")
     p.add_argument("--iteration", type=int, help="for approve/skip: the iteration it is meant for")
@@ -132,34 +172,66 @@ def build_parser():
     p.set_defaults(handler=workspace_cmds.cmd_signal)
 
     tools = sub.add_parser("tools", help="for agents: tools to use during a run")
-    tsub = tools.add_subparsers(dest="tool", required=True, parser_class=Parser)
+    tsub = tools.add_subparsers(dest="tool", required=True, parser_class=Parser,
+                                metavar="COMMAND", help="one of these")
     sig = tsub.add_parser("signals", help="the signals mailbox")
-    sigsub = sig.add_subparsers(dest="signals_command", required=True, parser_class=Parser)
+    sigsub = sig.add_subparsers(dest="signals_command", required=True, parser_class=Parser,
+                                metavar="COMMAND", help="one of these")
     p = sigsub.add_parser("poll", parents=[common],
                           help="take the STEER/INFO signals addressed to ALL or to this role")
     p.add_argument("--role", help="default: $RALPH_ROLE")
-    p.add_argument("--session", help=SESSION_FLAGS_HELP)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON (default: YAML)")
     p.set_defaults(handler=agent_tools.cmd_signals_poll)
 
     interact = tsub.add_parser("interact", help="talk to the humans")
-    isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser)
+    isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser,
+                                   metavar="COMMAND", help="one of these")
     p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
-    p.add_argument("question")
+    p.add_argument("question", metavar="QUESTION", help="what to ask")
     p.add_argument("--timeout", type=seconds, help="seconds (default: RObot.timeout_seconds)")
     p.add_argument("--default", help="printed on timeout (exit 3)")
     p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
-    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.set_defaults(handler=agent_tools.cmd_interact_ask)
     p = isub.add_parser("progress", parents=[common], help="tell the humans how it goes")
-    p.add_argument("message")
-    p.add_argument("--session", help=SESSION_FLAGS_HELP)
+    p.add_argument("message", metavar="MESSAGE", help="the note")
+    p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.set_defaults(handler=agent_tools.cmd_interact_progress)
 
-    p = sub.add_parser("emit", help="for agents: append an event to the session's bus")
-    p.add_argument("topic")
-    p.add_argument("payload", nargs="?")
-    p.add_argument("--json")
+    # `ralph emit ...` is parsed by engine/emit.py (stdlib only); this parser is its help,
+    # and runs it when flags come first (`ralph --workspace W emit ...`)
+    p = sub.add_parser("emit", parents=[common],
+                       help="for agents: append an event to the session's bus")
+    p.add_argument("topic", metavar="TOPIC", help="dotted words, e.g. build.done")
+    p.add_argument("payload", metavar="PAYLOAD", nargs="?", help="the event's text payload")
+    p.add_argument("--json", metavar="JSON", help="the payload as a JSON value")
+    p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
+    p.set_defaults(handler=_emit)
     return parser
 
 
+def _emit(args) -> int:
+    import os
+
+    from ..emit import main as emit_main
+    from .common import workspace
+    os.environ["RALPH_WORKSPACE"] = workspace(args)
+    argv = [args.topic] + ([args.payload] if args.payload is not None else []) \
+        + (["--json", args.json] if args.json is not None else []) \
+        + (["--session", args.session] if args.session else [])
+    return emit_main(argv)
+
+
+def _print_help(parser) -> int:
+    """`ralph` alone: the help, not an error."""
+    parser.print_help()
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ralph")
+    except PackageNotFoundError:   # run from a checkout that was never installed
+        return "unknown (not installed)"

@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 import os
+import sys
 
-from .common import EXIT_OK, bad, workspace
+from .common import EXIT_OK, bad, config_file, workspace
 
 
 def cmd_start(args) -> int:
     from session_store import Limits, create, dump_yaml
 
     from .. import config as cfg
-    from ..channels import telegram
-    config_path = args.config or ("ralph.yml" if os.path.isfile("ralph.yml") else None)
-    config = cfg.load(config_path)
-    telegram.check(config)   # RObot.enabled needs a token and a chat (env counts)
+    config_path = config_file(args)
+    # every error, one a line, as `validate` (RObot.enabled needs a token and a chat)
+    config = cfg.load(config_path, all_errors=True)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -29,20 +29,43 @@ def cmd_start(args) -> int:
     limits = Limits(max_iterations=loop.max_iterations,
                     max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
     _apply_limit_flags(limits, args)
+    notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
     session = create(workspace(args), objective.strip(), now=SystemClock().now(),
                      session_id=args.id, limits=limits,
                      config_path=os.path.abspath(config_path) if config_path else None,
                      config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))))
+    if notice:   # once the session exists: a refused start stays one line
+        print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created in {session.dir}", flush=True)
     return _run(session, config, resume=False)
 
 
+def _demo_mode(config, config_path: str | None) -> str | None:
+    """When the demo agent plays (no model is called): what to say first, so it is never
+    taken for a real run; and, for the built-in scenario, its promoted knowledge goes under
+    .ralph-demo/ with its files (the config is changed so), not into the project's docs."""
+    from ..config import ROLES, Backend
+    from ..demo_agent import DEMO_DIR
+    roles = [r for r in ROLES if config.role_enabled(r)]
+    demo = [r for r in roles if config.agent_for(r).backend is Backend.DEMO]
+    if not demo:
+        return None
+    if all(config.agent_for(r).script is None for r in roles) and len(demo) == len(roles) \
+            and config.knowledge.docs_dir == ".docs":
+        config.knowledge.docs_dir = f"{DEMO_DIR}/docs"
+    who = "" if len(demo) == len(roles) else f" for the {', '.join(demo)}"
+    how = (f"set agent.backend in {config_path}" if config_path else "`ralph init`") \
+        + " to choose yours"
+    return f"demo agent{who}: no model is called; {how} (its files go to {DEMO_DIR}/)"
+
+
 def cmd_resume(args) -> int:
-    from session_store import BadInput, Status, load
+    from session_store import BadInput, Status, load, resolve_id
 
     from .. import config as cfg
-    session = load(workspace(args), args.session_id)
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session_id))
     status = session.metadata.status
     if status in (Status.COMPLETED, Status.ABORTED):
         if session.has_summary():
@@ -51,8 +74,7 @@ def cmd_resume(args) -> int:
         # work (the transition's record, the summary) and exit as the session ended
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
-    from ..channels import telegram
-    telegram.check(config)
+    cfg.check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
 
@@ -120,25 +142,31 @@ def cmd_list(args) -> int:
 
 
 def cmd_answer(args) -> int:
-    from session_store import BadInput, load, questions
+    from session_store import BadInput, check_id, load, questions, resolve_id
 
     from ..clock import SystemClock
-    session = load(workspace(args), args.session_id)
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session_id))
     qid = args.question
     if qid is None:
         waiting = questions.pending(session.dir)
-        if not waiting:
-            raise BadInput(f"session {session.id} has no pending question")
         if len(waiting) > 1:
             raise BadInput(f"session {session.id} has several pending questions "
                            f"({', '.join(q.id for q in waiting)}); name one with --question")
+        if not waiting:
+            asked = questions.questions(session.dir)
+            if asked and questions.has_answer(session.dir, asked[-1].id):
+                raise BadInput(f"question {asked[-1].id} of session {session.id} is already "
+                               f"answered; no question is pending")
+            raise BadInput(f"session {session.id} has no pending question")
         qid = waiting[0].id
-    from session_store import check_id
     check_id(qid, "question id")
-    questions.answer(session.dir, qid, args.text, now=SystemClock().now(), channel="cli")
+    given = questions.answer(session.dir, qid, args.text, now=SystemClock().now(),
+                             channel="cli")
+    chose = f" with option {given.text!r}" if given.text != args.text else ""
     from ..views import answer_outcome
-    question = questions.load_question(session.dir, qid)
-    print(f"answered {qid}: {answer_outcome(session, question)}")
+    print(f"answered {qid}{chose}: "
+          f"{answer_outcome(session, questions.load_question(session.dir, qid))}")
     return EXIT_OK
 
 

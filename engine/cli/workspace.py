@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import EXIT_OK, bad, open_session, workspace
+from .common import EXIT_OK, bad, config_file, open_session, shown_path, workspace
 
 
 def cmd_signal(args) -> int:
@@ -43,9 +43,7 @@ def cmd_bot_run(args) -> int:
     from .. import config as cfg
     from ..channels import telegram
     ws = workspace(args)
-    path = args.config or (os.path.join(ws, "ralph.yml")
-                           if os.path.isfile(os.path.join(ws, "ralph.yml")) else None)
-    found = telegram.settings(cfg.load(path), require_enabled=False)
+    found = telegram.settings(cfg.load(config_file(args)), require_enabled=False)
     return telegram.run_foreground(ws, found)
 
 
@@ -58,7 +56,7 @@ def cmd_init(args) -> int:
     from importlib import resources
 
     from session_store import write_atomic
-    path = args.output
+    path = args.output or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if os.path.exists(path) and not args.force:
         raise bad(f"{path} already exists; use --force to overwrite it")
     write_atomic(path, resources.files("engine").joinpath("ralph.yml.template").read_text(),
@@ -69,7 +67,7 @@ def cmd_init(args) -> int:
 
 def cmd_validate(args) -> int:
     from .. import config as cfg
-    path = args.config or "ralph.yml"
+    path = args.config or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if not os.path.exists(path):
         raise bad(f"{path}: no such config file")
     cfg.load(path, all_errors=True)
