@@ -208,9 +208,6 @@ def _sequence(items: list, pad: str, out: list[str]) -> None:
             out.append(f"{pad}- {_flow(v)}")
 
 
-def structure(data, cls, source: str, all_errors: bool = False):
-
-
 def structure(data, cls, source: str):
     """Build `cls` from plain data; BadInput naming `source` and the path otherwise."""
     if data is None:
