@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
 import yaml
 
 from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,

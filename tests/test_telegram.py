@@ -375,7 +375,7 @@ def test_another_engine_takes_the_bot_over(workspace, fake):
     assert "guidance after the takeover" in (ws / ".ralph-sessions/B/scratchpad.md").read_text()
     fake.wait_text("Session B completed")
     assert sum("Session A completed" in m["text"] for m in fake.messages()) == 1
-    assert sum(f"from session B\n" in m["text"] for m in fake.messages()) == 1   # sent once
+    assert sum("from session B\n" in m["text"] for m in fake.messages()) == 1   # sent once
     assert_no_token(ws, out_a, err_a, out_b, err_b)
 
 

@@ -9,7 +9,7 @@ import select
 import subprocess
 import time
 
-from conftest import (FAST, RALPH, base_env, only_session, ralph, spawn, wait_for,
+from conftest import (FAST, RALPH, base_env, ralph, spawn, wait_for,
                       write_config, write_scenario)
 from test_gates import DONE, EVIDENCE, plan
 
