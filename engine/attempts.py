@@ -36,7 +36,8 @@ def run_until_outcome(runner, role: str, task, pending: list[dict], *, done: tup
             empty_streak, blocked_streak, attempt = empty_streak + 1, 0, "empty"
             verdict = None
             if empty_streak > MAX_RESUMES:
-                exit_note = f" (last exit code {run.exit_code})" if run.exit_code else ""
+                exit_note = f" (last exit code {run.exit_code}" + \
+                    (f": {run.stderr_tail})" if run.stderr_tail else ")") if run.exit_code else ""
                 verdict = Verdict("no_progress", None, f"no outcome after {MAX_RESUMES} "
                                   f"task.resume retries{exit_note}")
             else:

@@ -44,12 +44,20 @@ class Approval(enum.Enum):
 
 
 @attrs.define
+class Prices:
+    """USD per million tokens: what a run costs when its CLI reports tokens, not USD."""
+    input: float = 0.0
+    output: float = 0.0
+
+
+@attrs.define
 class AgentConfig:
     backend: Backend = Backend.DEMO
     command: list[str] = attrs.Factory(list)
     prompt_mode: PromptMode = PromptMode.STDIN
     timeout_seconds: float = 1800.0
     script: str | None = None
+    prices: Prices | None = None    # null: the preset's list prices
 
 
 @attrs.define
@@ -60,6 +68,7 @@ class AgentOverride:
     prompt_mode: PromptMode | None = None
     timeout_seconds: float | None = None
     script: str | None = None
+    prices: Prices | None = None
 
 
 @attrs.define
@@ -186,6 +195,9 @@ def _range_errors(config: Config) -> list[str]:
     positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
     positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
     positive("agent.timeout_seconds", config.agent.timeout_seconds)
+    if config.agent.prices is not None:
+        positive("agent.prices.input", config.agent.prices.input, allow_zero=True)
+        positive("agent.prices.output", config.agent.prices.output, allow_zero=True)
     if config.agent.backend is Backend.COMMAND and not config.agent.command:
         errors.append("$.agent.command: expected a non-empty argv list for backend: command")
     for role in ROLES:
@@ -193,6 +205,9 @@ def _range_errors(config: Config) -> list[str]:
         if override is None:
             continue
         positive(f"{where}.timeout_seconds", override.timeout_seconds, allow_none=True)
+        if override.prices is not None:
+            positive(f"{where}.prices.input", override.prices.input, allow_zero=True)
+            positive(f"{where}.prices.output", override.prices.output, allow_zero=True)
         # a role that makes its agent a command without one (`agent.command` is empty)
         sets_command = override.backend is not None or override.command is not None
         if sets_command and config.agent_for(role).backend is Backend.COMMAND \

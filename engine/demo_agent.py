@@ -97,7 +97,8 @@ def play(step: dict, env: dict) -> int:
     for event in step.get("emit") or []:
         payload = event["json"] if "json" in event else event.get("payload")
         append_event(env["RALPH_SESSION_DIR"], event["topic"], payload, source=env["RALPH_ROLE"],
-                     iteration=int(iteration) if iteration else None, state=env.get("RALPH_STATE"))
+                     iteration=int(iteration) if iteration else None, state=env.get("RALPH_STATE"),
+                     run=env.get("RALPH_RUN_ID"))
     if step.get("stdout"):
         print(step["stdout"], flush=True)
     return int(step.get("exit", 0 if answered else 3))

@@ -18,10 +18,10 @@ import os
 import sys
 import threading
 
-from session_store import PauseKind, Session, State, Status
+from session_store import PauseKind, Session, State, Status, acquire_lock
 from states import WORK, Next, Trigger
 
-from .agents import make_agent
+from .agents import containment, make_agent
 from .channels import telegram
 from .clock import SystemClock
 from .config import Config
@@ -87,9 +87,27 @@ class Engine:
 
     # --- the loop ---
 
-    def run(self, resume: bool = False) -> int:
+    def run(self, resume: bool = False, message: str | None = None) -> int:
+        """Hold the session (a second engine is refused) and run it to COMPLETE or PAUSED;
+        `message` (resume --message) reaches the next run."""
+        lease = acquire_lock(self.session.dir, self.session.id)
+        try:
+            if message:
+                self.mailbox.add_message(message)
+            self.runner.lease = lease
+            return self._run(resume)
+        finally:
+            self.runner.lease = None
+            lease.release()
+
+    def _run(self, resume: bool) -> int:
         self.console.start()
         d = self.session.dir
+        # a dead engine's runs may have left processes (tools in sessions of their own
+        # outlive a SIGKILL'd CLI): none of them goes on, nor is heard
+        left = containment.stop(lambda: containment.find(d))
+        if left:
+            self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
         # the session's own directory too: what agents append to the bus while they run
         # (in-run questions, progress notes) is shown as it lands
         stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
@@ -171,9 +189,6 @@ class Engine:
 
     def publish(self, topic: str, payload, source: str = "engine") -> dict:
         return self.runner.publish(topic, payload, source)
-
-    def add_resume_message(self, text: str) -> None:
-        self.mailbox.add_message(text)
 
     # --- what the parts share ---
 

@@ -132,8 +132,9 @@ def main(argv: list[str]) -> int:
         record = append_event(directory, topic, payload,
                               source=os.environ.get("RALPH_ROLE") or "cli",
                               iteration=int(iteration) if iteration.isdigit() else None,
-                              state=os.environ.get("RALPH_STATE") or None)
-    except BadInput as e:   # events.jsonl is a symlink: refused
+                              state=os.environ.get("RALPH_STATE") or None,
+                              run=os.environ.get("RALPH_RUN_ID") or None)
+    except BadInput as e:   # events.jsonl is a symlink, or the run is over: refused
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
     print(f"emitted {topic} (seq {record['seq']})")

@@ -11,7 +11,7 @@ import signal
 import threading
 from datetime import timedelta
 
-from session_store import BadInput, load, questions, resolve_id
+from session_store import BadInput, RunOver, load, questions, resolve_id, run_over
 
 from . import config as cfg
 from .clock import SystemClock
@@ -28,6 +28,9 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
         timeout = cfg.load_session_config(session).RObot.timeout_seconds
     if timeout <= 0:
         raise BadInput(f"--timeout {timeout:g}: expected a positive number of seconds")
+    run = os.environ.get("RALPH_RUN_ID") or None
+    if run and (why := run_over(session.dir, run)):
+        raise RunOver(f"ask refused: {why}")   # nobody would hear the answer
     now = clock.now()
     iteration = os.environ.get("RALPH_ITERATION", "")
     question = questions.ask(session.dir, questions.Question(

@@ -11,49 +11,51 @@ DEFAULT_INSTRUCTIONS = {
         "You are the Planner. Read the objective, the scratchpad and what earlier iterations "
         "left (failed tasks, rejected reviews). Define the next tasks, in batches that can run "
         "one after another, and publish them:\n"
-        "  ralph emit plan.ready --json '{\"tasks\": [{\"id\": \"t1\", \"title\": \"...\", "
+        "  {ralph} emit plan.ready --json '{\"tasks\": [{\"id\": \"t1\", \"title\": \"...\", "
         "\"description\": \"...\", \"batch\": 1}]}'\n"
         "When nothing is left to do, publish instead:\n"
-        "  ralph emit LOOP_COMPLETE \"why nothing is left\""),
+        "  {ralph} emit LOOP_COMPLETE \"why nothing is left\""),
     "executor": (
         "You are the Executor. Do exactly the task in PENDING EVENTS, in the workspace. Run the "
         "tests and checks, then publish the evidence:\n"
-        "  ralph emit build.done \"tests: pass, lint: pass, typecheck: pass, audit: pass, "
+        "  {ralph} emit build.done \"tests: pass, lint: pass, typecheck: pass, audit: pass, "
         "coverage: 85, complexity: 4, duplication: pass\"\n"
-        "If you cannot finish: ralph emit build.blocked \"why\" or ralph emit task.failed \"why\"."),
+        "If you cannot finish: {ralph} emit build.blocked \"why\" or {ralph} emit task.failed \"why\"."),
     "reviewer": (
         "You are the Reviewer. Review the task in PENDING EVENTS and the executor's report. "
         "If it is right, publish:\n"
-        "  ralph emit review.done \"tests: pass, build: pass\"\n"
-        "Otherwise: ralph emit review.rejected \"what is wrong\" (the task is replanned)."),
+        "  {ralph} emit review.done \"tests: pass, build: pass\"\n"
+        "Otherwise: {ralph} emit review.rejected \"what is wrong\" (the task is replanned)."),
     "librarian": (
         "You are the Librarian. Distil what this iteration learned that future work needs into "
         "markdown files under $RALPH_ITERATION_DIR/knowledge/, then publish:\n"
-        "  ralph emit knowledge.staged \"the files\"\n"
+        "  {ralph} emit knowledge.staged \"the files\"\n"
         "If nothing is worth keeping, write nothing and publish nothing."),
     "questioner": (
         "You are the Questioner. Before the Planner plans, find what is ambiguous or missing "
         "in the objective (scope, constraints, choices only a human can make) and ask the "
         "human, one question at a time, with options and a default where you can:\n"
-        "  ralph tools interact ask \"question\" --option A --option B --default A\n"
+        "  {ralph} tools interact ask \"question\" --option A --option B --default A\n"
         "The answers reach the Planner. Ask nothing the objective, the specs or the code "
         "already tell you; if nothing is ambiguous, ask nothing and end."),
 }
 
 SKILLS = (
     "## SKILLS\n\n"
+    "The ralph command here is `{ralph}`: call it by that path (a login shell may reset "
+    "PATH and not find a plain `ralph`).\n\n"
     "### Events\n"
-    "Publish with `ralph emit TOPIC \"payload\"` or `ralph emit TOPIC --json '{...}'`; the "
+    "Publish with `{ralph} emit TOPIC \"payload\"` or `{ralph} emit TOPIC --json '{...}'`; the "
     "session and your role are taken from the environment (RALPH_SESSION_ID, RALPH_ROLE).\n"
-    "At your step boundaries, `ralph tools signals poll` takes the guidance humans sent you "
+    "At your step boundaries, `{ralph} tools signals poll` takes the guidance humans sent you "
     "while you run.\n\n"
     "### Robot (human in the loop)\n"
-    "- `ralph tools interact ask \"question\" [--option A --option B] [--default TEXT] "
+    "- `{ralph} tools interact ask \"question\" [--option A --option B] [--default TEXT] "
     "[--timeout S]`: block until a human answers; the answer is printed (on timeout: exit 3 "
     "and the default, which you then act on).\n"
-    "- `ralph emit human.interact \"question\"`: ask after this run; the loop waits for the "
+    "- `{ralph} emit human.interact \"question\"`: ask after this run; the loop waits for the "
     "answer, which reaches your next prompt as human.response.\n"
-    "- `ralph tools interact progress \"message\"`: tell the human how it goes (non-blocking).\n"
+    "- `{ralph} tools interact progress \"message\"`: tell the human how it goes (non-blocking).\n"
     "Rules: ask only what the objective, the specs, the code and the scratchpad cannot tell "
     "you; never ask again what was answered (see ROBOT GUIDANCE and PENDING EVENTS); never "
     "ask and report progress in the same turn; offer options and a default when you can.\n")
@@ -67,7 +69,8 @@ def _event_line(event: dict) -> str:
 
 
 def build(objective: str, role: str, instructions: str | None, guidance: list[str],
-          pending_events: list[dict]) -> str:
+          pending_events: list[dict], ralph: str = "ralph") -> str:
+    """The prompt; `ralph` is the command agents are to call (an absolute path)."""
     parts = [f"## OBJECTIVE\n\n{objective.strip()}\n"]
     if guidance:
         if len(guidance) == 1:
@@ -77,7 +80,8 @@ def build(objective: str, role: str, instructions: str | None, guidance: list[st
         parts.append(f"## ROBOT GUIDANCE\n\n{body}\n")
     events = "\n".join(_event_line(e) for e in pending_events) or "(none)"
     parts.append(f"## PENDING EVENTS\n\n{events}\n")
-    parts.append(f"## ROLE: {role.upper()}\n\n{(instructions or DEFAULT_INSTRUCTIONS[role]).strip()}\n")
-    parts.append(SKILLS)
-    parts.append(LAST_RESORT)
+    role_text = instructions or DEFAULT_INSTRUCTIONS[role].replace("{ralph}", ralph)
+    parts.append(f"## ROLE: {role.upper()}\n\n{role_text.strip()}\n")
+    parts.append(SKILLS.replace("{ralph}", ralph))
+    parts.append(LAST_RESORT.replace("  ralph emit", f"  {ralph} emit"))
     return "\n".join(parts)

@@ -11,19 +11,20 @@ Agents never see the bot token or the tests' variables.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from typing import Callable
 
 import attrs
 
-from session_store import PauseKind, PlannedTask, RunFiles, Session
+from session_store import Lease, PauseKind, PlannedTask, RunFiles, Session
+from session_store._events import REFUSED
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
 from . import gates, prompt
-from .agents import Invocation, Outcome
+from .agents import Invocation, Outcome, containment, preset_for, ralph_command
+from .agents.presets import reported_usd
 from .mailbox import Mailbox, Mode, Rerun
 from .tracker import Tracker
 
@@ -74,6 +75,9 @@ class AgentRunner:
         self._last_run_ended: float | None = None
         self._stopping: Next | Rerun | None = None
         self._bus = session.events_after(None)
+        self.lease: Lease | None = None   # the engine's hold on the session (set by its run)
+        self._run_id: str | None = None    # the agent run open now, if any
+        self._ralph = ralph_command()
         # what every run inherits: the engine's environment, less the secrets and the
         # tests' hooks (read once: os.environ decodes every item on each look)
         self._base_env = {k: v for k, v in os.environ.items()
@@ -93,17 +97,19 @@ class AgentRunner:
                 ended(prepared.unit)
             if not outcome.stopped:
                 break
+            self._account_cost(role, [], outcome)   # a stopped run still cost what it did
             if isinstance(self._stopping, Rerun):
                 self._say(f"priority STEER: {role}{' ' + task.id if task else ''} runs again now")
                 continue
             return self._stopping
         self.mailbox.delivered(prepared.guidance_ids, prepared.unit)
-        result = self._collect(role, task, outcome)
+        result = self._collect(role, task, outcome,
+                               prepared.invocation.env[containment.RUN_MARK])
         decision = next((d for observe in self.observers if (d := observe(result))), None)
         if decision is not None:
             return decision
         return RoleRun(role, result.judged, outcome.exit_code, outcome.timed_out,
-                       outcome.duration, outcome.stdout)
+                       outcome.duration, outcome.report.text, outcome.stderr_tail)
 
     def publish(self, topic: str, payload, source: str = "engine") -> dict:
         """An event the engine injects: through the same gate as an agent's."""
@@ -138,12 +144,17 @@ class AgentRunner:
         seq = self.tracker.metadata.usage.agent_invocations
         name = f"{role}-{task.id}" if task else role
         attempt = 1 + it.runs_of(name)
+        files: RunFiles = it.run_files(seq, name)
         env = dict(self._base_env)
         env.update({
             "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
             "RALPH_SESSION_DIR": self.session.dir, "RALPH_ROLE": role,
             "RALPH_ITERATION": str(it.number), "RALPH_ITERATION_DIR": it.dir,
-            "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt)})
+            "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
+            # the run's mark: its events are taken while it is open, its processes found
+            containment.RUN_MARK: os.path.basename(files.base)})
+        if self._ralph.startswith("/"):   # a plain `ralph` works too, where PATH holds
+            env["PATH"] = os.path.dirname(self._ralph) + os.pathsep + env.get("PATH", "")
         if task:
             env["RALPH_TASK_ID"] = task.id
         else:
@@ -156,23 +167,40 @@ class AgentRunner:
         text = prompt.build(self.tracker.metadata.objective, role,
                             getattr(self.config.roles, role).instructions,
                             guidance=[g["message"] for g in guidance if not g.get("topic")],
-                            pending_events=human_events + carried + pending)
-        files: RunFiles = it.run_files(seq, name)
+                            pending_events=human_events + carried + pending,
+                            ralph=self._ralph)
         it.write_prompt(files, text)
         self.activity = f"{role}{' ' + task.id if task else ''} (attempt {attempt})"
         self._say(f"{self.tracker.state} iteration {it.number}: {self.activity}")
         return _Prepared(Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
                                     log_base=files.base,
-                                    timeout=self.config.agent_for(role).timeout_seconds),
+                                    timeout=self.config.agent_for(role).timeout_seconds,
+                                    ask_timeout=self.config.RObot.timeout_seconds,
+                                    ended=self._end_run),
                          [g["id"] for g in guidance], unit)
 
     def _execute(self, role: str, inv: Invocation) -> Outcome:
         self._stopping = None
-        outcome = self._agent_for(role).run(inv, self.wakeup, self._stop_requested)
+        self._run_id = inv.env[containment.RUN_MARK]
+        if self.lease is not None:
+            self.lease.open_run(self._run_id)
+        try:
+            outcome = self._agent_for(role).run(inv, self.wakeup, self._stop_requested)
+        finally:
+            self._end_run()
+        if outcome.left_behind:
+            self._say(f"stopped {outcome.left_behind} process(es) the {role}'s run left "
+                      f"running")
         self._last_run_ended = self.clock.monotonic()
         if outcome.stopped and isinstance(self._stopping, Rerun):
             self.skip_cooldown = True
         return outcome
+
+    def _end_run(self) -> None:
+        """The run is over: what it emits from now on is refused."""
+        if self.lease is not None and self._run_id is not None:
+            self.lease.close_run()
+        self._run_id = None
 
     def _stop_requested(self) -> str | None:
         """Asked by the backend whenever it wakes: PAUSE / ABORT / a priority STEER."""
@@ -181,14 +209,20 @@ class AgentRunner:
         self._stopping = self.mailbox.poll(Mode.AGENT)
         return self._stopping.reason if self._stopping else None
 
-    def _collect(self, role: str, task: PlannedTask | None, outcome: Outcome) -> RunResult:
-        emitted = [e for e in self._bus.read_new() if e.get("source") != "engine"]
+    def _collect(self, role: str, task: PlannedTask | None, outcome: Outcome,
+                 run_id: str) -> RunResult:
+        # its own events, and what a human emitted meanwhile; never a refused one, nor
+        # a late one of an earlier run
+        emitted = [e for e in self._bus.read_new() if e.get("source") != "engine"
+                   and e["topic"] != REFUSED and e.get("run") in (None, run_id)]
+        said = outcome.stdout.splitlines() + outcome.report.text.splitlines()
         if COMPLETION not in {e["topic"] for e in emitted} and any(
-                line.strip() == COMPLETION for line in outcome.stdout.splitlines()):
-            # a LOOP_COMPLETE line on stdout counts as the event, emitted last
-            emitted.append(self.session.append_event(COMPLETION, "stdout", source=role))
+                line.strip() == COMPLETION for line in said):
+            # a LOOP_COMPLETE line on stdout or in its final words counts as the event,
+            # emitted last
+            emitted.append(self.session.append_event(COMPLETION, "final text", source=role))
             self._bus.read_new()
-        self._account_cost(emitted, outcome.stdout)
+        self._account_cost(role, emitted, outcome)
         judged = self._gate(emitted, role, task)
         self.latest_outcome = next((f"{e['topic']}: {e['payload']}" for e in reversed(judged)
                                     if e["topic"].startswith(("build.", "verify."))),
@@ -216,37 +250,22 @@ class AgentRunner:
             self._bus.read_new()
         return [e for e in judged if "ignored" not in e.get("gate", {})]
 
-    def _account_cost(self, emitted: list[dict], stdout: str) -> None:
-        """Cost from `cost` events ({"usd": N}) and from agents that report it (Claude's
-        result line carries total_cost_usd)."""
-        spent = 0.0
-        for e in emitted:
-            usd = e["payload"].get("usd") if e["topic"] == "cost" and \
-                isinstance(e["payload"], dict) else None
-            spent += _usd(usd)
-        for line in stdout.splitlines():
-            if '"total_cost_usd"' in line:
-                try:
-                    result = json.loads(line)
-                except ValueError:
-                    continue
-                usd = result.get("total_cost_usd") if isinstance(result, dict) else None
-                spent += _usd(usd)
-        if spent:
-            usage = self.tracker.metadata.usage
-            usage.cost_usd = round(usage.cost_usd + spent, 6)
-
-
-def _usd(value) -> float:
-    """A reported cost as a number to add: 0 for anything but a finite non-negative
-    number (an agent may report 10**400, 1e308 twice, "12" or -1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    try:
-        usd = float(value)
-    except OverflowError:
-        return 0.0
-    return usd if 0 <= usd < 1e12 else 0.0
+    def _account_cost(self, role: str, emitted: list[dict], outcome: Outcome) -> None:
+        """Tokens and cost: what the CLI reported (a run stopped mid-way keeps what it
+        streamed), tokens priced where it reports no USD, plus `cost` events ({"usd": N})."""
+        report = outcome.report
+        spent = sum(reported_usd(e["payload"].get("usd")) or 0.0 for e in emitted
+                    if e["topic"] == "cost" and isinstance(e["payload"], dict))
+        if report.cost_usd is not None:
+            spent += report.cost_usd
+        else:
+            agent = self.config.agent_for(role)
+            prices = (agent.prices.input, agent.prices.output) if agent.prices else \
+                preset_for(agent).price_per_mtok
+            spent += (report.input_tokens * prices[0] + report.output_tokens * prices[1]) / 1e6
+        if spent or report.input_tokens or report.output_tokens:
+            self.tracker.metadata.usage.add(role, report.input_tokens, report.output_tokens,
+                                            spent)
 
 
 def limit_reached(tracker: Tracker) -> Next | None:

@@ -140,6 +140,11 @@ def status_text(v: dict) -> str:
                  f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"
                  + (f" of ${lim['max_cost_usd']:.2f}" if lim["max_cost_usd"] is not None else "")
                  + f", iteration {v['iteration']} of {lim['max_iterations']}")
+    if u["input_tokens"] or u["output_tokens"]:
+        lines.append("tokens (in/out): " + ", ".join(
+            [f"{u['input_tokens']:,}/{u['output_tokens']:,}"]
+            + [f"{role} {r['input_tokens']:,}/{r['output_tokens']:,} ${r['cost_usd']:.2f}"
+               for role, r in u["by_role"].items()]))
     if v["current_tasks"]:
         lines.append("")
         lines += [f"  [{t['marker']}] {t['id']}: {t['title']} (batch {t['batch']})"

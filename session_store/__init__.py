@@ -6,7 +6,8 @@ to start as the bare interpreter.
 from importlib import import_module
 
 _WHERE = {
-    "BadInput": "_errors", "SessionLocked": "_errors",
+    "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors",
+    "Lease": "_lock", "run_over": "_lock",
     "State": "_types", "Status": "_types", "PauseKind": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
@@ -23,8 +24,7 @@ _WHERE = {
     "structure": "_schema", "parse_yaml": "_schema", "dump_yaml": "_schema",
     "unstructure": "_schema", "shown": "_schema", "structure_each": "_schema",
 }
-_RENAMED = {"acquire_lock": ("_lock", "acquire"), "release_lock": ("_lock", "release"),
-            "running_pid": ("_lock", "running_pid")}
+_RENAMED = {"acquire_lock": ("_lock", "acquire"), "running_pid": ("_lock", "running_pid")}
 _MODULES = ("progress", "signals", "questions")
 
 __all__ = sorted([*_WHERE, *_RENAMED, *_MODULES])

@@ -13,12 +13,15 @@ import fcntl
 import itertools
 import json
 import os
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
+from . import _lock
 from ._atomic import FILE_MODE, durable_write_done, fsync
-from ._errors import BadInput
+from ._errors import BadInput, RunOver
 
 EVENTS_FILE = "events.jsonl"
+REFUSED = "emit.refused"   # the record of an event from a run that is over
 _TAIL_CHUNK = 65536
 
 
@@ -60,10 +63,10 @@ def _last_seq_and_trim(fd: int) -> int:
         chunk *= 2
 
 
-def append_event(session_dir: str, topic: str, payload=None, *, source: str = "engine",
-                 iteration: int | None = None, state: str | None = None,
-                 ts: str | None = None) -> dict:
-    """Append one record to the session's bus and return it (with its seq)."""
+@contextmanager
+def locked(session_dir: str):
+    """The bus held exclusively (its fd): appends, and the engine opening or closing an
+    agent run, are ordered by this one lock."""
     path = os.path.join(session_dir, EVENTS_FILE)
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -74,18 +77,40 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
         raise BadInput(f"{path}: a symlink; the bus is never written through one") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def append_event(session_dir: str, topic: str, payload=None, *, source: str = "engine",
+                 iteration: int | None = None, state: str | None = None,
+                 ts: str | None = None, run: str | None = None) -> dict:
+    """Append one record to the session's bus and return it (with its seq).
+
+    `run`: the agent run this event comes from. It lands only while that run is open
+    and its engine alive (checked under the bus lock, so an engine that has closed the
+    run hears nothing more from it); otherwise it is recorded as refused and RunOver
+    says why."""
+    path = os.path.join(session_dir, EVENTS_FILE)
+    with locked(session_dir) as fd:
         seq = _last_seq_and_trim(fd) + 1
         record = {"seq": seq, "ts": ts or now_iso(), "topic": topic, "payload": payload,
                   "source": source, "iteration": iteration, "state": state}
+        why = _lock.run_over(session_dir, run) if run is not None else None
+        if why:
+            record.update(topic=REFUSED, payload={"topic": topic, "payload": payload,
+                                                  "why": why})
+        if run is not None:
+            record["run"] = run
         line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         written = os.write(fd, line)
         if written != len(line):  # a short write is a torn line: cut it and fail loudly
             os.ftruncate(fd, os.fstat(fd).st_size - written)
             raise OSError(f"short write to {path}")
         fsync(fd)
-    finally:
-        os.close(fd)  # closing releases the flock
     durable_write_done("event", path)
+    if why:
+        raise RunOver(f"{topic} refused: {why}")
     return record
 
 

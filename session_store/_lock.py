@@ -2,6 +2,11 @@
 
 The kernel drops a flock when its holder dies, so a killed engine's lock is reclaimed
 by the next start without any staleness heuristics.
+
+The file says who holds it and which agent run is open: `<pid>[ <run>]`. An agent's
+event is taken only from the open run of a live engine; the engine rewrites the run
+under the bus's lock, which every append holds too, so a run once closed (or an engine
+once dead) is heard no more.
 """
 from __future__ import annotations
 
@@ -29,13 +34,68 @@ def _open(session_dir: str) -> int:
     return fd
 
 
+def _content(fd: int) -> list[str]:
+    """The words of the first line (the rest may be an older, longer line's tail)."""
+    return os.pread(fd, 256, 0).split(b"\n")[0].decode(errors="replace").split()
+
+
 def _holder(fd: int) -> str:
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return text or "unknown"
+    words = _content(fd)
+    return words[0] if words else "unknown"
 
 
-def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> int:
-    """Take the lock or raise SessionLocked naming the holder's pid. Returns the fd to keep."""
+class Lease:
+    """The engine's hold on its session, for its lifetime, and the agent run it has open."""
+
+    def __init__(self, session_dir: str, fd: int):
+        self.session_dir = session_dir
+        self._fd = fd
+
+    def open_run(self, run: str) -> None:
+        """From now on, events of `run` are taken (and of no other run)."""
+        self._write(f"{os.getpid()} {run}\n")
+
+    def close_run(self) -> None:
+        """The run is over: once this returns, nothing it emits lands on the bus."""
+        self._write(f"{os.getpid()}\n")
+
+    def _write(self, text: str) -> None:
+        from ._events import locked
+        with locked(self.session_dir):
+            data = text.encode()
+            os.pwrite(self._fd, data, 0)   # a reader sees the old first line or the new one
+            os.ftruncate(self._fd, len(data))
+            # no fsync: a crash ends the engine, and with it every run (the flock is gone)
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def run_over(session_dir: str, run: str) -> str | None:
+    """Why an event of agent run `run` is not taken now (None: it is). The caller holds
+    the bus's lock."""
+    try:
+        fd = os.open(os.path.join(session_dir, LOCK_FILE),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return f"run {run} is over: no engine runs this session"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return f"run {run} is over: no engine runs this session (it stopped or died)"
+        except BlockingIOError:
+            words = _content(fd)
+        open_run = words[1] if len(words) > 1 else None
+        if open_run != run:
+            return f"run {run} is over (the engine stopped it or it finished); " \
+                   f"{'run ' + open_run + ' is running now' if open_run else 'no run is open'}"
+        return None
+    finally:
+        os.close(fd)
+
+
+def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> Lease:
+    """Take the lock or raise SessionLocked naming the holder's pid."""
     fd = _open(session_dir)
     deadline = time.monotonic() + wait_seconds  # a `status` probe holds it for microseconds
     while True:
@@ -52,11 +112,7 @@ def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> int
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     os.fsync(fd)
-    return fd
-
-
-def release(fd: int) -> None:
-    os.close(fd)
+    return Lease(session_dir, fd)
 
 
 def running_pid(session_dir: str) -> int | None:

@@ -50,10 +50,27 @@ class Limits:
 
 
 @attrs.define
+class RoleUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@attrs.define
 class Usage:
     cost_usd: float = 0.0
     runtime_seconds: float = 0.0
     agent_invocations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    by_role: dict[str, RoleUsage] = attrs.Factory(dict)
+
+    def add(self, role: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
+        mine = self.by_role.setdefault(role, RoleUsage())
+        for usage in (self, mine):
+            usage.input_tokens += input_tokens
+            usage.output_tokens += output_tokens
+            usage.cost_usd = round(usage.cost_usd + cost_usd, 6)
 
 
 @attrs.define

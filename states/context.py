@@ -48,6 +48,7 @@ class RoleRun(NamedTuple):
     timed_out: bool
     duration: float
     output: str          # what it printed (its final answer where the CLI has one)
+    stderr_tail: str = ""  # its last stderr line: why a failing CLI failed
 
     def last(self, *topics: str) -> dict | None:
         return next((e for e in reversed(self.events) if e["topic"] in topics), None)

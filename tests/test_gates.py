@@ -231,7 +231,7 @@ STANDIN = textwrap.dedent("""\
     #!{python}
     import json, os, subprocess, sys
     name = os.path.basename(sys.argv[0])
-    stdin = sys.stdin.read() if name == "claude" else ""
+    stdin = sys.stdin.read()
     prompt = stdin or sys.argv[-1]
     with open(os.environ["STANDIN_LOG"], "a") as f:
         f.write(json.dumps({{"name": name, "argv": sys.argv[1:-1] if not stdin else sys.argv[1:],
@@ -270,12 +270,16 @@ def standins(tmp_path):
 
 
 @pytest.mark.parametrize("backend, argv, stdin, cost", [
-    ("claude", ["--print", "--output-format", "stream-json", "--verbose",
-                "--dangerously-skip-permissions"], True, 0.25 * 7),
-    ("codex", ["exec", "--full-auto"], False, 0.5 * 2),
-    ("gemini", ["--yolo", "-p"], False, 0.5 * 2),
+    ("claude", ["--print", "--output-format", "stream-json", "--verbose", "--permission-mode",
+                "acceptEdits", "--allowedTools", "Bash"], True, 0.25 * 7),
+    ("codex", ["exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
+               "--color", "never", "-"], True, 0.5 * 2),
+    ("gemini", ["--approval-mode", "yolo", "--skip-trust", "--output-format", "json", "-p",
+                "Follow the instructions above."], True, 0.5 * 2),
 ])
 def test_presets(workspace, standins, backend, argv, stdin, cost):
+    """How each preset hands a run to its CLI (the real Claude Code and Codex run in
+    test_real_agents.py; here a stand-in records what it was given)."""
     log = workspace / "standin.jsonl"
     env = base_env(PATH=f"{standins}{os.pathsep}{os.environ['PATH']}", STANDIN_LOG=log)
     r = ralph(workspace, "session", "start", "preset objective", "--agent", backend, env=env)

@@ -564,7 +564,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counte
 
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
-    kinds = run_matrix(root, full, at_least=120)
+    kinds = run_matrix(root, full, at_least=100)
     if os.environ.get("RALPH_TEST_MATRIX_POINTS", "").isdigit():
         return
     expected = {"metadata", "event", "progress", "iteration-metadata", "task", "plan",
@@ -577,7 +577,7 @@ def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
 
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_an_aborted_session(root, aborted):
-    run_matrix(root, aborted, at_least=30)
+    run_matrix(root, aborted, at_least=24)
 
 
 def _around_the_timeout(point: Point, base: Baseline) -> bool:

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO, base_env, ralph
 from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
-                           read_events, release_lock, running_pid)
+                           read_events, running_pid)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
@@ -140,8 +140,7 @@ def test_lock_refuses_a_second_holder_and_is_reclaimed_after_death(workspace):
     holder.kill()
     holder.wait()
     assert running_pid(s.dir) is None
-    fd = acquire_lock(s.dir, "s1")
-    release_lock(fd)
+    acquire_lock(s.dir, "s1").release()
 
 
 def test_lock_refuses_a_symlink(workspace, tmp_path):

@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from _web import WebServer, stop_engine_of
+from engine.diagram import VISITED
 from conftest import ARTIFACTS, artifacts_dir, base_env, metadata, spawn, write_config, \
     write_scenario
 from test_gates import EVIDENCE
@@ -110,7 +111,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         assert current.locator("title").text_content() == "EXECUTING_BATCH"
         assert current.locator("path").first.get_attribute("fill") == "darksalmon"
         assert page.locator("#diagram g.node", has_text="PLANNING").locator("path").first \
-            .get_attribute("fill") == "azure"   # the path it took
+            .get_attribute("fill") == VISITED   # the path it took
         shot(page, "01-question-while-executing")
 
         events_before = page.locator("#events tbody tr").count()

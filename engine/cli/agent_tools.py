@@ -26,7 +26,8 @@ def cmd_interact_progress(args) -> int:
     record = append_event(session.dir, "human.progress", args.message,
                           source=os.environ.get("RALPH_ROLE") or "cli",
                           iteration=int(iteration) if iteration.isdigit() else None,
-                          state=os.environ.get("RALPH_STATE") or None)
+                          state=os.environ.get("RALPH_STATE") or None,
+                          run=os.environ.get("RALPH_RUN_ID") or None)
     print(f"progress noted (seq {record['seq']})")
     return EXIT_OK
 

@@ -29,6 +29,7 @@ def cmd_start(args) -> int:
     limits = Limits(max_iterations=loop.max_iterations,
                     max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
     _apply_limit_flags(limits, args)
+    _preflight(config)
     notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
     session = create(workspace(args), objective.strip(), now=SystemClock().now(),
@@ -75,22 +76,25 @@ def cmd_resume(args) -> int:
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
     cfg.check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
+    _preflight(config)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
 
 
 def _run(session, config, *, resume: bool, message: str | None = None) -> int:
-    from session_store import acquire_lock, release_lock
-
     from ..driver import Engine
-    lock = acquire_lock(session.dir, session.id)
-    try:
-        engine = Engine(session, config)
-        if message:
-            engine.add_resume_message(message)
-        return engine.run(resume=resume)
-    finally:
-        release_lock(lock)
+    return Engine(session, config).run(resume=resume, message=message)
+
+
+def _preflight(config) -> None:
+    """Refuse, in one line and before any run, an agent that cannot run here (its CLI
+    not installed, a flag it refuses as root) rather than four failed runs and a pause."""
+    from ..agents import preflight
+    from ..config import ROLES
+    for role in ROLES:
+        if config.role_enabled(role) and (problem := preflight(config.agent_for(role))):
+            raise bad(problem if config.agent_for(role) is config.agent
+                      else f"roles.{role}: {problem}")
 
 
 def _apply_limit_flags(limits, args) -> None:

@@ -1,0 +1,245 @@
+"""Presets: one small object per agent CLI, owning what it takes to run that CLI unattended.
+
+Each knows its program and how to install it, its argv for the current CLI version, how
+the prompt reaches it, the environment it needs, and how to read its output: the final
+words (where a planner's LOOP_COMPLETE stands), the tokens, and the cost where the CLI
+reports one. A price table turns tokens into USD where it does not, so `max_cost_usd`
+holds for every preset. `preflight` says in one line what stops the CLI from running
+here, before a session is created.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import attrs
+
+from ..config import Backend, PromptMode
+
+ARG_LIMIT = 100_000   # bytes; Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN)
+
+
+@attrs.frozen
+class RunReport:
+    """What a run's output says: its last words, tokens, and the CLI's own cost."""
+    text: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None      # None: the CLI reports none (priced from tokens)
+
+
+@attrs.frozen
+class RunSetup:
+    """What a preset may need to know of the run it prepares."""
+    log_base: str                  # the run's logs: <log_base>.prompt.md, .stdout, .stderr
+    ask_timeout_seconds: float     # how long a human question may block a tool call
+
+
+class Preset:
+    name: str
+    program: str
+    install: str                      # how a user gets the program
+    args: tuple[str, ...] = ()
+    prompt_mode = PromptMode.STDIN
+    price_per_mtok = (0.0, 0.0)       # USD per million (input, output) tokens
+    refused_as_root: tuple[str, ...] = ()   # flags the CLI refuses when run as root
+
+    def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        return [self.program, *self.args, *extra]
+
+    def env(self, setup: RunSetup) -> dict[str, str]:
+        return {}
+
+    def report(self, stdout: str) -> RunReport:
+        return RunReport(text=stdout)
+
+    def preflight(self, extra: list[str], path: str | None) -> str | None:
+        """Why this CLI cannot run here (one line), or None."""
+        if shutil.which(self.program, path=path) is None:
+            return f"agent {self.name}: `{self.program}` is not installed (not on the PATH); " \
+                   f"{self.install}"
+        refused = [a for a in extra if a in self.refused_as_root]
+        if refused and os.geteuid() == 0:
+            return f"agent {self.name}: {self.program} refuses {refused[0]} when run as root; " \
+                   f"drop it from agent.command (the preset runs unattended without it)"
+        return None
+
+
+class Command(Preset):
+    """Any program, as `agent.command` gives it."""
+    name = "command"
+    install = "check agent.command in ralph.yml"
+
+    def __init__(self, argv: list[str], prompt_mode: PromptMode):
+        self.program, self.args = argv[0], tuple(argv[1:])
+        self.prompt_mode = prompt_mode
+
+
+class Claude(Preset):
+    """Claude Code. `--dangerously-skip-permissions` is refused as root (containers, CI):
+    instead its tools are allowed by name, which works for every user."""
+    name = "claude"
+    program = "claude"
+    install = "npm install -g @anthropic-ai/claude-code"
+    args = ("--print", "--output-format", "stream-json", "--verbose",
+            "--permission-mode", "acceptEdits", "--allowedTools", "Bash")
+    price_per_mtok = (3.0, 15.0)
+    refused_as_root = ("--dangerously-skip-permissions",)
+    BASH_TIMEOUT_MS = (120_000, 600_000)     # its Bash tool's default and maximum
+
+    def env(self, setup: RunSetup) -> dict[str, str]:
+        # a blocking `ralph tools interact ask` must not outlive the Bash tool's timeout
+        wait_ms = int((setup.ask_timeout_seconds + 60) * 1000)
+        default, most = self.BASH_TIMEOUT_MS
+        return {"BASH_DEFAULT_TIMEOUT_MS": str(max(default, wait_ms)),
+                "BASH_MAX_TIMEOUT_MS": str(max(most, wait_ms))}
+
+    def report(self, stdout: str) -> RunReport:
+        """stream-json: the `result` line has the final text, the usage and the cost; a
+        run stopped before it keeps the usage of each assistant message it streamed."""
+        text, per_message = "", {}
+        for event in _json_lines(stdout):
+            if event.get("type") == "result":
+                usage = event.get("usage") or {}
+                return RunReport(text=str(event.get("result") or ""),
+                                 input_tokens=_input_tokens(usage),
+                                 output_tokens=_count(usage.get("output_tokens")),
+                                 cost_usd=reported_usd(event.get("total_cost_usd")))
+            message = event.get("message") if event.get("type") == "assistant" else None
+            if isinstance(message, dict):
+                usage = message.get("usage") or {}
+                per_message[message.get("id")] = (_input_tokens(usage),
+                                                  _count(usage.get("output_tokens")))
+                said = [b.get("text", "") for b in message.get("content") or []
+                        if isinstance(b, dict) and b.get("type") == "text"]
+                text = "".join(said) or text
+        return RunReport(text=text, input_tokens=sum(i for i, _ in per_message.values()),
+                         output_tokens=sum(o for _, o in per_message.values()))
+
+
+class Codex(Preset):
+    """OpenAI Codex CLI (`codex exec`). Outside a git repository it needs
+    --skip-git-repo-check; `--full-auto` is gone (0.169): the workspace-write sandbox lets
+    it edit the workspace, where the session's files are. It prints no cost: tokens are
+    priced."""
+    name = "codex"
+    program = "codex"
+    install = "npm install -g @openai/codex"
+    args = ("exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
+            "--color", "never")
+    price_per_mtok = (1.25, 10.0)
+
+    def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        return [self.program, *self.args, *extra, "-"]    # "-": the prompt on stdin
+
+    def report(self, stdout: str) -> RunReport:
+        text, inp, out = "", 0, 0
+        for event in _json_lines(stdout):
+            item = event.get("item")
+            if event.get("type") == "item.completed" and isinstance(item, dict) \
+                    and item.get("type") == "agent_message":
+                text = str(item.get("text") or "")
+            elif event.get("type") == "turn.completed":
+                usage = event.get("usage") or {}
+                inp += _count(usage.get("input_tokens"))
+                out += _count(usage.get("output_tokens"))
+        return RunReport(text=text, input_tokens=inp, output_tokens=out)
+
+
+class Gemini(Preset):
+    """Gemini CLI, headless: the prompt on stdin, `-p` adds a line after it."""
+    name = "gemini"
+    program = "gemini"
+    install = "npm install -g @google/gemini-cli"
+    args = ("--approval-mode", "yolo", "--skip-trust", "--output-format", "json",
+            "-p", "Follow the instructions above.")
+    price_per_mtok = (1.25, 10.0)
+
+    def report(self, stdout: str) -> RunReport:
+        """--output-format json: {"response": ..., "stats": {"models": {m: {"tokens":
+        {"prompt", "candidates", ...}}}}}."""
+        start = stdout.find("{")
+        try:   # one JSON document, printed over several lines
+            result = json.loads(stdout[start:]) if start != -1 else {}
+        except ValueError:
+            result = {}
+        result = result if isinstance(result, dict) else {}
+        inp = out = 0
+        models = (result.get("stats") or {}).get("models") or {}
+        for model in models.values() if isinstance(models, dict) else ():
+            tokens = model.get("tokens") or {} if isinstance(model, dict) else {}
+            inp += _count(tokens.get("prompt"))
+            out += _count(tokens.get("candidates"))
+        return RunReport(text=str(result.get("response") or stdout), input_tokens=inp,
+                         output_tokens=out)
+
+
+class Copilot(Preset):
+    name = "copilot"
+    program = "copilot"
+    install = "npm install -g @github/copilot"
+    args = ("--allow-all-tools", "--no-color", "-p")
+    prompt_mode = PromptMode.ARG
+
+
+class Opencode(Preset):
+    name = "opencode"
+    program = "opencode"
+    install = "npm install -g opencode-ai"
+    args = ("run", "--auto")
+    prompt_mode = PromptMode.ARG
+
+
+class Amp(Preset):
+    name = "amp"
+    program = "amp"
+    install = "npm install -g @sourcegraph/amp"
+    args = ("-x",)    # execute mode: the prompt on stdin, the last message printed
+
+
+class Kiro(Preset):
+    name = "kiro"
+    program = "kiro-cli"
+    install = "see kiro.dev for kiro-cli"
+    args = ("chat", "--no-interactive", "--trust-all-tools")
+    prompt_mode = PromptMode.ARG
+
+
+PRESETS: dict[Backend, Preset] = {Backend(p.name): p for p in (
+    Claude(), Codex(), Gemini(), Kiro(), Amp(), Copilot(), Opencode())}
+
+
+def _json_lines(text: str):
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                yield value
+
+
+def _count(value) -> int:
+    """A token count as reported: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and \
+        0 <= value < 10**15 else 0
+
+
+def _input_tokens(usage: dict) -> int:
+    return sum(_count(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
+                                              "cache_read_input_tokens"))
+
+
+def reported_usd(value) -> float | None:
+    """A reported cost: a finite non-negative number (an agent may report 10**400, "12",
+    -1 or NaN), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        usd = float(value)
+    except OverflowError:
+        return None
+    return usd if 0 <= usd < 1e12 else None

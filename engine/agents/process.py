@@ -1,0 +1,156 @@
+"""An agent run as a process: started, watched, and stopped whole.
+
+The engine reads what an agent *said* from the event bus; this only runs the process:
+the prompt on stdin, as an argument or as a file, stdout/stderr kept in the iteration's
+logs/, a timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
+over, for whatever reason, its end is announced first (the engine then takes no more
+events from it), and then every process it started is stopped (containment).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable
+
+import attrs
+
+from session_store._atomic import open_private, read_nofollow
+
+from ..config import PromptMode
+from . import containment
+from .presets import ARG_LIMIT, Preset, RunReport, RunSetup
+
+
+@attrs.define
+class Invocation:
+    role: str
+    prompt: str
+    env: dict[str, str]        # carries the run's marks (containment.RUN_MARK, SESSION_MARK)
+    cwd: str
+    log_base: str          # iterations/<N>/logs/<seq>-<role>[-<task>]; .prompt.md/.stdout/.stderr
+    timeout: float
+    ask_timeout: float = 600.0               # how long a human question may block a tool
+    ended: Callable[[], None] = lambda: None  # the run is over: no event of it is taken
+
+
+@attrs.define
+class Outcome:
+    exit_code: int | None
+    timed_out: bool = False
+    stopped: str | None = None     # why the engine stopped it (PAUSE, ABORT), if it did
+    stdout: str = ""
+    duration: float = 0.0
+    report: RunReport = attrs.Factory(RunReport)
+    stderr_tail: str = ""          # its last stderr line (a failing CLI says why there)
+    left_behind: int = 0           # processes still running when it ended, then stopped
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the engine dies (its own descendants are found by their
+    mark on the next start)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class CommandAgent:
+    """Runs a preset's program (or any command) for one role invocation."""
+
+    def __init__(self, preset: Preset, extra_args: list[str] | None = None):
+        self.preset = preset
+        self.extra_args = list(extra_args or [])
+
+    def run(self, inv: Invocation, wakeup: threading.Event | None = None,
+            should_stop=None) -> Outcome:
+        """Run to the end, the timeout, or until `should_stop()` (asked whenever `wakeup`
+        is set, by the mailbox watcher or by the process exiting) returns a reason."""
+        setup = RunSetup(log_base=inv.log_base, ask_timeout_seconds=inv.ask_timeout)
+        argv = self.preset.argv(self.extra_args, setup)
+        stdin_data = None
+        mode = self.preset.prompt_mode
+        if mode is PromptMode.STDIN:
+            stdin_data = inv.prompt.encode()
+        elif mode is PromptMode.ARG and len(inv.prompt.encode()) <= ARG_LIMIT:
+            argv.append(inv.prompt)
+        elif mode is PromptMode.ARG:   # too long for one argument: point to its file
+            argv.append(f"Your instructions are in the file {inv.log_base}.prompt.md: "
+                        f"read all of it and follow it.")
+        else:
+            argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
+        env = {**inv.env, **self.preset.env(setup)}
+        started = time.monotonic()
+        wakeup = wakeup or threading.Event()
+        # private (0600) and never through a symlink planted at these predictable names
+        with open(open_private(inv.log_base + ".stdout"), "wb") as out, \
+                open(open_private(inv.log_base + ".stderr"), "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=inv.cwd, env=env, stdout=out, stderr=err,
+                    stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                    start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as e:
+                inv.ended()
+                missing = " (not installed?)" if isinstance(e, FileNotFoundError) else ""
+                err.write(f"ralph: cannot start {argv[0]}: {e.strerror}{missing}\n".encode())
+                return Outcome(exit_code=127,
+                               stderr_tail=f"{argv[0]}: {e.strerror}{missing}")
+            exited = threading.Event()
+            if stdin_data is not None:
+                threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
+
+            def reap():
+                proc.wait()
+                exited.set()
+                wakeup.set()
+            threading.Thread(target=reap, daemon=True).start()
+            outcome = Outcome(exit_code=None)
+            deadline = started + inv.timeout
+            try:
+                while not exited.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        outcome.timed_out = True
+                        break
+                    wakeup.wait(remaining)
+                    wakeup.clear()
+                    if not exited.is_set() and should_stop is not None:
+                        outcome.stopped = should_stop()
+                        if outcome.stopped:
+                            break
+            finally:  # also on ^C / SIGTERM: nothing of the run lives on
+                inv.ended()
+                session_dir = inv.env.get(containment.SESSION_MARK, "")
+                run = inv.env.get(containment.RUN_MARK)
+                left = containment.stop(lambda: containment.find(session_dir, run, proc.pid))
+                outcome.left_behind = max(0, left - (0 if exited.is_set() else 1))
+            outcome.exit_code = proc.wait()
+        outcome.duration = time.monotonic() - started
+        outcome.stdout = _read_log(inv.log_base + ".stdout")
+        outcome.stderr_tail = _last_line(_read_log(inv.log_base + ".stderr"))
+        outcome.report = self.preset.report(outcome.stdout)
+        return outcome
+
+
+def _read_log(path: str) -> str:
+    try:
+        return read_nofollow(path).decode("utf-8", errors="replace")
+    except OSError:   # replaced meanwhile (by a symlink, say): not read
+        return ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass

@@ -1,0 +1,1 @@
+"""Test support: a scripted model server for the real agent CLIs, and its helpers."""

@@ -1,0 +1,113 @@
+"""A rig for the real agent CLIs (installed from npm into tests/agents/ by .ci/run): a
+workspace outside any git repository, a private HOME, the CLI pointed at a scripted
+model server, and `ralph` run as a user runs it. The PATH holds the CLIs and the system
+only, never the venv: agents must find `ralph` by the absolute path the prompt gives.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RALPH, REPO, base_env
+
+from .model_server import Brain, ModelServer
+
+AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+CLIS = ("claude", "codex")
+
+
+def cli_path(name: str) -> Path:
+    path = AGENTS_BIN / name
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed in {AGENTS_BIN} (.ci/run installs it)")
+        pytest.skip(f"{name} is not installed: npm install --prefix tests/agents")
+    return path
+
+
+class Rig:
+    """One agent CLI, one workspace, one scripted model."""
+
+    def __init__(self, cli: str, tmp: Path, brain: Brain | None = None):
+        cli_path(cli)
+        self.cli = cli
+        self.ws = tmp / "ws"
+        self.ws.mkdir()
+        home = tmp / "home"
+        home.mkdir()
+        self.server = ModelServer(brain).start()
+        env = base_env()
+        env.update(HOME=str(home), PATH=f"{AGENTS_BIN}:{SYSTEM_PATH}")
+        if cli == "claude":
+            env.update(ANTHROPIC_BASE_URL=self.server.url, ANTHROPIC_API_KEY="sk-scripted",
+                       CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        else:
+            codex_home = home / ".codex"
+            codex_home.mkdir()
+            (codex_home / "config.toml").write_text(
+                'model = "gpt-5-codex"\nmodel_provider = "scripted"\n\n'
+                '[model_providers.scripted]\nname = "scripted model server"\n'
+                f'base_url = "{self.server.url}/v1"\nwire_api = "responses"\n')
+            env.update(CODEX_HOME=str(codex_home))
+        self.env = env
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def start(self, *args: str, sid: str = "real") -> subprocess.Popen:
+        """`ralph session start` with `--agent <cli>` and nothing else configured."""
+        return subprocess.Popen(
+            RALPH + ["session", "start", "Write hello.txt that says hello", "--agent", self.cli,
+                     "--id", sid, *args], cwd=self.ws, env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def resume(self, sid: str = "real", *args: str) -> subprocess.Popen:
+        return subprocess.Popen(RALPH + ["session", "resume", sid, *args], cwd=self.ws,
+                                env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def ralph(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(RALPH + list(args), cwd=self.ws, env=env or self.env,
+                              capture_output=True, text=True, timeout=60)
+
+    def session_dir(self, sid: str = "real") -> Path:
+        return self.ws / ".ralph-sessions" / sid
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"ralph did not finish within {timeout} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def processes_marked(session_dir: Path) -> list[tuple[int, str]]:
+    """Live processes carrying the session's run mark: (pid, command line)."""
+    from engine.agents import containment
+    found = []
+    for pid in containment.find(str(session_dir)):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found.append((pid, cmd.strip()))
+    return found
+
+
+def wait_for_process(session_dir: Path, needle: str, timeout: float = 60) -> int:
+    """The pid of the session's marked process whose command line holds `needle`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid, cmd in processes_marked(session_dir):
+            if needle in cmd:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no process running {needle!r} in {session_dir}")

@@ -1,0 +1,294 @@
+"""A scripted model server that speaks the real wire protocols of the agent CLIs, so the
+real Claude Code and Codex binaries can be driven in tests with no network and no model:
+
+  POST /v1/messages    Anthropic Messages, streamed as server-sent events (Claude Code,
+                       pointed here with ANTHROPIC_BASE_URL)
+  POST /v1/responses   OpenAI Responses, streamed as server-sent events (codex, pointed here
+                       by a model provider in its CODEX_HOME/config.toml)
+
+It plays the model: it reads ralph's prompt from the conversation (the role, the path of
+the `ralph` command the prompt gives) and the outputs of the tools it called so far, and
+asks a `Brain` for the next step: a shell command for the CLI's own shell tool (Claude's
+`Bash`, codex's `exec_command`), or the final text of the turn. Every request body is
+kept, so a test can see what the CLI sent (a human's answer reaching the next prompt).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import attrs
+
+ROLE = re.compile(r"^## ROLE: (\w+)", re.M)
+RALPH_PATH = re.compile(r"The ralph command here is `([^`]+)`")
+# codex's unified exec: a command still running after yield_time_ms comes back with its id
+RUNNING = re.compile(r"Process running with session ID (\d+)")
+
+
+@attrs.define
+class Shell:
+    """Run `command` with the CLI's shell tool (timeout in ms where the tool takes one)."""
+    command: str
+    timeout_ms: int = 600_000
+
+
+@attrs.define
+class Say:
+    """End the turn with this text."""
+    text: str
+
+
+@attrs.define
+class Turn:
+    """What the model sees of one conversation: ralph's prompt, its role, the `ralph` path
+    the prompt names, and what each shell command so far printed."""
+    prompt: str
+    outputs: list[str]
+
+    @property
+    def role(self) -> str:
+        found = ROLE.search(self.prompt)
+        return found.group(1).lower() if found else ""
+
+    @property
+    def ralph(self) -> str:
+        found = RALPH_PATH.search(self.prompt)
+        return found.group(1) if found else "ralph"
+
+    @property
+    def step(self) -> int:
+        return len(self.outputs)
+
+
+class Brain:
+    """The default model: plays one task through, every role by the book.
+
+    planner: iteration 1 -> plan.ready with one task; later -> the final text LOOP_COMPLETE
+    executor -> build.done with passing evidence; reviewer -> review.done; librarian -> nothing.
+    Subclass and override `executor` (say) for a scenario."""
+
+    EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
+                "complexity: 3, duplication: pass")
+
+    def next(self, turn: Turn) -> Shell | Say:
+        return getattr(self, turn.role or "other")(turn)
+
+    def planner(self, turn: Turn) -> Shell | Say:
+        if turn.step == 0:
+            return Shell('echo "iteration=$RALPH_ITERATION"')
+        if "iteration=1" in turn.outputs[0]:
+            if turn.step == 1:
+                plan = {"tasks": [{"id": "t1", "title": "Write hello.txt",
+                                   "description": "a file that says hello", "batch": 1}]}
+                return Shell(f"{turn.ralph} emit plan.ready --json '{json.dumps(plan)}'")
+            return Say("The plan is published.")
+        return Say("Everything in the objective is done.\nLOOP_COMPLETE")
+
+    def executor(self, turn: Turn) -> Shell | Say:
+        if turn.step == 0:
+            return Shell(f'echo hello > hello.txt && {turn.ralph} emit build.done '
+                         f'"{self.EVIDENCE}"')
+        return Say("Done: hello.txt written.")
+
+    def reviewer(self, turn: Turn) -> Shell | Say:
+        if turn.step == 0:
+            return Shell(f'{turn.ralph} emit review.done "tests: pass, build: pass"')
+        return Say("Reviewed.")
+
+    def librarian(self, turn: Turn) -> Shell | Say:
+        return Say("Nothing worth keeping.")
+
+    def questioner(self, turn: Turn) -> Shell | Say:
+        return Say("Nothing is ambiguous.")
+
+    def other(self, turn: Turn) -> Shell | Say:
+        # the CLIs' own side requests (titles, summaries): a short answer
+        return Say("ok")
+
+
+class ModelServer:
+    """Serve on a free loopback port until `stop()`; `requests` keeps every request body."""
+
+    INPUT_TOKENS, OUTPUT_TOKENS = 1200, 80   # per response: tests check tokens add up
+
+    def __init__(self, brain: Brain | None = None):
+        self.brain = brain or Brain()
+        self.requests: list[dict] = []
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0)))
+                                  or b"{}")
+                path = self.path.split("?")[0]
+                with server._lock:
+                    server.requests.append({"path": path, "body": body})
+                if path.endswith("/messages/count_tokens"):
+                    return self._json({"input_tokens": server.INPUT_TOKENS})
+                if path.endswith("/messages"):
+                    return self._sse(server._anthropic(body))
+                if path.endswith("/responses"):
+                    return self._sse(server._openai(body))
+                self._json({"error": {"message": f"no such endpoint {path}"}}, 404)
+
+            def do_GET(self):
+                self._json({"data": []})
+
+            def _json(self, data, status=200):
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _sse(self, events):
+                raw = b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                               for name, data in events)
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self.port = self._http.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+
+    def start(self) -> "ModelServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def bodies(self) -> list[str]:
+        """Every request body as text (to look for what a CLI sent)."""
+        with self._lock:
+            return [json.dumps(r["body"]) for r in self.requests]
+
+    # --- Anthropic Messages ---
+
+    def _anthropic(self, body: dict) -> list[tuple[str, dict]]:
+        prompt, outputs = "", []
+        for message in body.get("messages", []):
+            content = message.get("content")
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            for block in blocks or []:
+                if block.get("type") == "text" and message["role"] == "user" and not prompt \
+                        and "## OBJECTIVE" in block.get("text", ""):
+                    prompt = block["text"]
+                elif block.get("type") == "tool_result":
+                    outputs.append(_text_of(block.get("content")))
+        step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+        n = next(self._ids)
+        usage = {"input_tokens": self.INPUT_TOKENS, "output_tokens": self.OUTPUT_TOKENS,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        events = [("message_start", {"type": "message_start", "message": {
+            "id": f"msg_{n}", "type": "message", "role": "assistant",
+            "model": body.get("model", "scripted"), "content": [], "stop_reason": None,
+            "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}})]
+        if isinstance(step, Shell):
+            block = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(
+                {"command": step.command, "description": "run a command",
+                 "timeout": step.timeout_ms})}
+            stop = "tool_use"
+        else:
+            block = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": step.text}
+            stop = "end_turn"
+        events += [
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": block}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": stop, "stop_sequence": None},
+                               "usage": {"output_tokens": self.OUTPUT_TOKENS}}),
+            ("message_stop", {"type": "message_stop"})]
+        return events
+
+    # --- OpenAI Responses ---
+
+    def _openai(self, body: dict) -> list[tuple[str, dict]]:
+        prompt, outputs, running = "", [], None
+        for item in body.get("input", []):
+            if item.get("type") == "message" and item.get("role") == "user" and not prompt:
+                text = _text_of(item.get("content"))
+                if "## OBJECTIVE" in text:
+                    prompt = text
+            elif item.get("type") == "function_call_output":
+                output = _text_of(item.get("output"))
+                found = RUNNING.search(output)
+                if running is not None:   # the polled command's output continues
+                    outputs[-1] += output
+                else:
+                    outputs.append(output)
+                running = found.group(1) if found else None
+        n = next(self._ids)
+        if running is not None:
+            # the command is still running (a blocking ask, a long build): wait for it
+            item = _call(n, "write_stdin", {"session_id": int(running), "chars": "",
+                                            "yield_time_ms": 30000})
+        else:
+            step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+            if isinstance(step, Shell):
+                item = _call(n, "exec_command", {"cmd": step.command,
+                                                 "yield_time_ms": 30000})
+            else:
+                item = {"type": "message", "role": "assistant", "id": f"msg_{n}",
+                        "content": [{"type": "output_text", "text": step.text,
+                                     "annotations": []}]}
+        response = {"id": f"resp_{n}", "object": "response", "status": "completed",
+                    "model": body.get("model", "scripted"), "output": [item],
+                    "usage": {"input_tokens": self.INPUT_TOKENS,
+                              "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": self.OUTPUT_TOKENS,
+                              "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": self.INPUT_TOKENS + self.OUTPUT_TOKENS}}
+        return [
+            ("response.created", {"type": "response.created",
+                                  "response": {**response, "status": "in_progress",
+                                               "output": []}}),
+            ("response.output_item.added", {"type": "response.output_item.added",
+                                            "output_index": 0, "item": item}),
+            ("response.output_item.done", {"type": "response.output_item.done",
+                                           "output_index": 0, "item": item}),
+            ("response.completed", {"type": "response.completed", "response": response})]
+
+
+def _call(n: int, name: str, arguments: dict) -> dict:
+    return {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": name,
+            "arguments": json.dumps(arguments), "status": "completed"}
+
+
+def _text_of(content) -> str:
+    """The text of a message's or a tool result's content, in either API's shapes."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return content.get("text") or content.get("output") or ""
+    return "".join(_text_of(c) for c in content)

@@ -1,0 +1,194 @@
+"""The real Claude Code and Codex CLIs (npm, pinned in tests/agents/package.json) driven
+by ralph against a scripted model server that speaks their wire protocols
+(tests/support/model_server.py): the model answers with tool calls that make each CLI
+run `ralph ...` through its own shell tool, as a model would.
+
+Every test runs as the CI user (root in CI), in a workspace outside any git repository,
+with only the model endpoint configured, and with a PATH that does not hold `ralph`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import events, metadata, wait_for
+from support.agents import CLIS, Rig, finish, processes_marked, wait_for_process
+from support.model_server import Brain, Say, Shell, Turn
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=CLIS)
+def rig(request, tmp_path):
+    rigs = []
+
+    def make(brain: Brain | None = None) -> Rig:
+        rigs.append(Rig(request.param, tmp_path, brain))
+        return rigs[-1]
+    yield make
+    for r in rigs:
+        r.close()
+
+
+class Sleepy(Brain):
+    """An executor whose first attempt runs a long command before it reports."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def executor(self, turn: Turn):
+        if turn.step == 0:
+            return Shell(f'if [ "$RALPH_ATTEMPT" = 1 ]; then sleep {self.seconds}; fi; '
+                         f'{turn.ralph} emit build.done "{self.EVIDENCE}"')
+        return Say("Built.")
+
+
+def test_a_whole_session_reaches_complete_with_tokens_and_cost(rig):
+    r = rig()
+    # no ralph on the agent's PATH: the model calls the absolute path its prompt gives
+    # (codex runs it in a login shell, which resets PATH anyway)
+    assert not any(os.path.exists(os.path.join(p, "ralph")) for p in r.env["PATH"].split(":"))
+    code, out, err = finish(r.start())
+    assert code == 0, out + err
+    sd = r.session_dir()
+    meta = metadata(sd)
+    assert meta["status"] == "completed" and meta["tasks"]["completed"] == 1
+    assert (r.ws / "hello.txt").read_text().strip() == "hello"
+    evs = events(sd)
+    # the planner's last words were "... LOOP_COMPLETE": recognised from its final text
+    final = [e for e in evs if e["topic"] == "LOOP_COMPLETE"]
+    assert final and final[-1]["payload"] == "final text", [e["topic"] for e in evs]
+    # each agent event carries the run it came from
+    done = next(e for e in evs if e["topic"] == "build.done")
+    assert done["run"].endswith("-executor-t1") and done["source"] == "executor"
+    usage = meta["usage"]
+    runs = usage["agent_invocations"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert set(usage["by_role"]) == {"planner", "executor", "reviewer", "librarian"}
+    assert sum(u["input_tokens"] for u in usage["by_role"].values()) == usage["input_tokens"]
+    if r.cli == "codex":   # codex reports tokens only: priced at the preset's list price
+        expected = (usage["input_tokens"] * 1.25 + usage["output_tokens"] * 10.0) / 1e6
+        assert usage["cost_usd"] == pytest.approx(expected)
+    else:                  # Claude reports its own cost
+        assert usage["cost_usd"] > 0
+    assert runs == 5, runs
+    assert any("The ralph command here is `/" in b for b in r.server.bodies())
+    status = r.ralph("session", "status", "real")
+    assert "tokens" in status.stdout, status.stdout
+    assert not processes_marked(sd)
+
+
+def test_pause_mid_run_stops_every_process_and_resume_completes(rig):
+    r = rig(Sleepy(30))
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for_process(sd, "sleep 30")
+    r.ralph("signal", "pause", "coffee break", "--session", "real")
+    code, out, err = finish(engine, timeout=30)
+    assert code == 3, out + err
+    assert not processes_marked(sd), processes_marked(sd)
+    meta = metadata(sd)
+    assert meta["status"] == "paused"
+    if r.cli == "claude":   # it streamed its usage before the command: kept though stopped
+        assert meta["usage"]["by_role"]["executor"]["input_tokens"] > 0
+    code, out, err = finish(r.resume())
+    assert code == 0, out + err
+    assert metadata(sd)["status"] == "completed"
+
+
+def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
+    r = rig(Sleepy(8))
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for_process(sd, "sleep 8")
+    asked = time.monotonic()
+    r.ralph("signal", "abort", "wrong direction", "--session", "real")
+    code, out, err = finish(engine, timeout=30)
+    assert code == 4, out + err
+    assert time.monotonic() - asked < 10
+    assert not processes_marked(sd), processes_marked(sd)
+    time.sleep(9)   # past the command's `sleep 8; ralph emit build.done`
+    topics = [e["topic"] for e in events(sd)]
+    assert "build.done" not in topics, topics
+    assert metadata(sd)["status"] == "aborted"
+
+
+def test_kill_9_of_the_engine_then_resume_hears_nothing_from_the_dead_run(rig):
+    r = rig(Sleepy(6))
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for_process(sd, "sleep 6")
+    dead_run = next(p.name[:-len(".prompt.md")] for p in
+                    (sd / "iterations" / "1" / "logs").glob("*-executor-t1.prompt.md"))
+    engine.send_signal(signal.SIGKILL)
+    engine.communicate()
+    # what the dead run would say now is refused, and recorded as refused
+    late = dict(r.env, RALPH_SESSION_DIR=str(sd), RALPH_RUN_ID=dead_run,
+                RALPH_ROLE="executor", RALPH_SESSION_ID="real")
+    refused = r.ralph("emit", "build.done", Brain.EVIDENCE, env=late)
+    assert refused.returncode == 2, refused
+    assert "refused" in refused.stderr and "no engine" in refused.stderr, refused.stderr
+    record = [e for e in events(sd) if e["topic"] == "emit.refused"][-1]
+    assert record["run"] == dead_run and record["payload"]["topic"] == "build.done"
+    code, out, err = finish(r.resume())
+    assert code == 0, out + err
+    assert not processes_marked(sd), processes_marked(sd)
+    taken = [e for e in events(sd) if e["topic"] == "build.done"]
+    assert taken and all(e["run"] != dead_run for e in taken), taken
+    assert metadata(sd)["status"] == "completed"
+
+
+class Asker(Brain):
+    """An executor that asks a human from inside its run, then builds what was chosen."""
+
+    def executor(self, turn: Turn):
+        if turn.step == 0:
+            return Shell(f'{turn.ralph} tools interact ask "Which database?" '
+                         f'--option sqlite --option postgres')
+        if turn.step == 1:
+            chosen = "postgres" if "postgres" in turn.outputs[0] else "none"
+            return Shell(f'{turn.ralph} emit build.done "database: {chosen}, {self.EVIDENCE}"')
+        return Say("Built.")
+
+
+def test_ask_answered_from_the_cli_reaches_the_agent(rig):
+    r = rig(Asker())
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
+    answered = r.ralph("session", "answer", "real", "2")    # option 2: postgres
+    assert answered.returncode == 0, answered
+    code, out, err = finish(engine)
+    assert code == 0, out + err
+    done = next(e for e in events(sd) if e["topic"] == "build.done")
+    assert "database: postgres" in done["payload"], done
+
+
+class Interactor(Brain):
+    """An executor that asks after its run (human.interact), then builds on the answer."""
+
+    def executor(self, turn: Turn):
+        if "- human.response:" not in turn.prompt:   # in PENDING EVENTS once answered
+            if turn.step == 0:
+                return Shell(f'{turn.ralph} emit human.interact "Tabs or spaces?"')
+            return Say("Waiting for the human.")
+        if turn.step == 0:
+            return Shell(f'{turn.ralph} emit build.done "{self.EVIDENCE}"')
+        return Say("Built with the human's choice.")
+
+
+def test_human_interact_answer_reaches_the_next_request(rig):
+    r = rig(Interactor())
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
+    answered = r.ralph("session", "answer", "real", "spaces, four of them")
+    assert answered.returncode == 0, answered
+    code, out, err = finish(engine)
+    assert code == 0, out + err
+    # the answer was in what the CLI sent to the model for the executor's next run
+    bodies = r.server.bodies()
+    assert any("- human.response:" in b and "spaces, four of them" in b for b in bodies)
