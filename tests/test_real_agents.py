@@ -1,4 +1,4 @@
-"""The real Claude Code and Codex CLIs (npm, pinned in tests/agents/package.json) driven
+"""The real Claude Code, Codex and Gemini CLIs (npm, pinned in tests/agents/package.json) driven
 by ralph against a scripted model server that speaks their wire protocols
 (tests/support/model_server.py): the model answers with tool calls that make each CLI
 run `ralph ...` through its own shell tool, as a model would.
@@ -69,7 +69,7 @@ def test_a_whole_session_reaches_complete_with_tokens_and_cost(rig):
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert set(usage["by_role"]) == {"planner", "executor", "reviewer", "librarian"}
     assert sum(u["input_tokens"] for u in usage["by_role"].values()) == usage["input_tokens"]
-    if r.cli == "codex":   # codex reports tokens only: priced at the preset's list price
+    if r.cli in ("codex", "gemini"):   # tokens only: priced at the preset's list price
         expected = (usage["input_tokens"] * 1.25 + usage["output_tokens"] * 10.0) / 1e6
         assert usage["cost_usd"] == pytest.approx(expected)
     else:                  # Claude reports its own cost

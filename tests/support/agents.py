@@ -18,7 +18,7 @@ from .model_server import Brain, ModelServer
 
 AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-CLIS = ("claude", "codex")
+CLIS = ("claude", "codex", "gemini")
 
 
 def cli_path(name: str) -> Path:
@@ -46,6 +46,12 @@ class Rig:
         if cli == "claude":
             env.update(ANTHROPIC_BASE_URL=self.server.url, ANTHROPIC_API_KEY="sk-scripted",
                        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        elif cli == "gemini":
+            # the API-key login a user picks once (Gemini CLI asks for it otherwise)
+            (home / ".gemini").mkdir()
+            (home / ".gemini" / "settings.json").write_text(
+                '{"security": {"auth": {"selectedType": "gemini-api-key"}}}')
+            env.update(GOOGLE_GEMINI_BASE_URL=self.server.url, GEMINI_API_KEY="scripted")
         else:
             codex_home = home / ".codex"
             codex_home.mkdir()

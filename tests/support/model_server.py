@@ -5,11 +5,14 @@ real Claude Code and Codex binaries can be driven in tests with no network and n
                        pointed here with ANTHROPIC_BASE_URL)
   POST /v1/responses   OpenAI Responses, streamed as server-sent events (codex, pointed here
                        by a model provider in its CODEX_HOME/config.toml)
+  POST /v1beta/models/M:streamGenerateContent   Gemini, streamed as server-sent events
+                       (Gemini CLI, pointed here with GOOGLE_GEMINI_BASE_URL)
 
 It plays the model: it reads ralph's prompt from the conversation (the role, the path of
 the `ralph` command the prompt gives) and the outputs of the tools it called so far, and
 asks a `Brain` for the next step: a shell command for the CLI's own shell tool (Claude's
-`Bash`, codex's `exec_command`), or the final text of the turn. Every request body is
+`Bash`, codex's `exec_command`, Gemini's `run_shell_command`), or the final text of the
+turn. Every request body is
 kept, so a test can see what the CLI sent (a human's answer reaching the next prompt).
 """
 from __future__ import annotations
@@ -139,6 +142,12 @@ class ModelServer:
                     return self._sse(server._anthropic(body))
                 if path.endswith("/responses"):
                     return self._sse(server._openai(body))
+                if path.endswith(":streamGenerateContent"):
+                    return self._sse([(None, server._gemini(body))])
+                if path.endswith(":generateContent"):
+                    # Gemini CLI's own side calls (its model router): a plain answer
+                    return self._json(server._gemini_text(
+                        '{"complexity_reasoning": "scripted", "complexity_score": 10}'))
                 self._json({"error": {"message": f"no such endpoint {path}"}}, 404)
 
             def do_GET(self):
@@ -153,7 +162,8 @@ class ModelServer:
                 self.wfile.write(raw)
 
             def _sse(self, events):
-                raw = b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                raw = b"".join((f"event: {name}\n" if name else "").encode()
+                               + f"data: {json.dumps(data)}\n\n".encode()
                                for name, data in events)
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
@@ -276,6 +286,37 @@ class ModelServer:
             ("response.output_item.done", {"type": "response.output_item.done",
                                            "output_index": 0, "item": item}),
             ("response.completed", {"type": "response.completed", "response": response})]
+
+
+    # --- Gemini ---
+
+    def _gemini(self, body: dict) -> dict:
+        prompt, outputs = "", []
+        for content in body.get("contents", []):
+            for part in content.get("parts") or []:
+                if "text" in part and content.get("role") == "user" and not prompt \
+                        and "## OBJECTIVE" in part["text"]:
+                    prompt = part["text"]
+                elif "functionResponse" in part:
+                    response = part["functionResponse"].get("response") or {}
+                    outputs.append(_text_of(response.get("output") or response))
+        step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+        if isinstance(step, Shell):
+            return self._gemini_reply([{"functionCall": {
+                "name": "run_shell_command",
+                "args": {"command": step.command, "description": "run a command"}}}])
+        return self._gemini_text(step.text)
+
+    def _gemini_text(self, text: str) -> dict:
+        return self._gemini_reply([{"text": text}])
+
+    def _gemini_reply(self, parts: list[dict]) -> dict:
+        return {"candidates": [{"content": {"role": "model", "parts": parts},
+                                "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": self.INPUT_TOKENS,
+                                  "candidatesTokenCount": self.OUTPUT_TOKENS,
+                                  "totalTokenCount": self.INPUT_TOKENS + self.OUTPUT_TOKENS},
+                "modelVersion": "scripted"}
 
 
 def _call(n: int, name: str, arguments: dict) -> dict:
