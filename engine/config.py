@@ -58,6 +58,7 @@ class AgentConfig:
     timeout_seconds: float = 1800.0
     script: str | None = None
     prices: Prices | None = None    # null: the preset's list prices
+    mcp: bool = True                # wire `ralph mcp` into runs of CLIs that take it
 
 
 @attrs.define
@@ -69,6 +70,7 @@ class AgentOverride:
     timeout_seconds: float | None = None
     script: str | None = None
     prices: Prices | None = None
+    mcp: bool | None = None
 
 
 @attrs.define

@@ -76,7 +76,7 @@ def play(step: dict, env: dict) -> int:
     time.sleep(float(step.get("sleep", 0)) * float(env.get("RALPH_DEMO_SLEEP_SCALE", 1)))
     answered = True
     if step.get("ask"):
-        from engine.interact import ask_and_wait  # only scenarios that ask pay for it
+        from engine.tools.interact import ask_and_wait  # only scenarios that ask pay for it
         ask = step["ask"]
         answer, answered = ask_and_wait(
             str(ask["question"]), timeout=ask.get("timeout"), default=ask.get("default"),

@@ -60,6 +60,14 @@ SKILLS = (
     "you; never ask again what was answered (see ROBOT GUIDANCE and PENDING EVENTS); never "
     "ask and report progress in the same turn; offer options and a default when you can.\n")
 
+MCP_SKILL = (
+    "### Your tools (MCP)\n"
+    "Use the tools of the `ralph` MCP server first: `emit` (topic, payload: your outcome, "
+    "and human.interact), `ask` (question, options, default: waits for a human's answer, "
+    "however long), `progress` (message), `signals_poll` (at your step boundaries), "
+    "`blocker` (the trace) and `status`; resources ralph://plan, ralph://progress, "
+    "ralph://scratchpad. The shell commands below do the same: they are the fallback.\n\n")
+
 
 def _event_line(event: dict) -> str:
     payload = event.get("payload")
@@ -69,8 +77,9 @@ def _event_line(event: dict) -> str:
 
 
 def build(objective: str, role: str, instructions: str | None, guidance: list[str],
-          pending_events: list[dict], ralph: str = "ralph") -> str:
-    """The prompt; `ralph` is the command agents are to call (an absolute path)."""
+          pending_events: list[dict], ralph: str = "ralph", mcp: bool = False) -> str:
+    """The prompt; `ralph` is the command agents are to call (an absolute path); with
+    `mcp`, the skills name the MCP server's tools first."""
     parts = [f"## OBJECTIVE\n\n{objective.strip()}\n"]
     if guidance:
         if len(guidance) == 1:
@@ -82,6 +91,10 @@ def build(objective: str, role: str, instructions: str | None, guidance: list[st
     parts.append(f"## PENDING EVENTS\n\n{events}\n")
     role_text = instructions or DEFAULT_INSTRUCTIONS[role].replace("{ralph}", ralph)
     parts.append(f"## ROLE: {role.upper()}\n\n{role_text.strip()}\n")
-    parts.append(SKILLS.replace("{ralph}", ralph))
+    skills = SKILLS.replace("{ralph}", ralph)
+    if mcp:
+        head, rest = skills.split("### Events\n", 1)
+        skills = head + MCP_SKILL + "### Events\n" + rest
+    parts.append(skills)
     parts.append(LAST_RESORT.replace("  ralph emit", f"  {ralph} emit"))
     return "\n".join(parts)

@@ -12,6 +12,7 @@ Agents never see the bot token or the tests' variables.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 from typing import Callable
 
@@ -23,12 +24,13 @@ from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
 from . import gates, prompt
-from .agents import Invocation, Outcome, containment, preset_for, ralph_command
+from .agents import Invocation, McpServer, Outcome, containment, preset_for, ralph_argv
 from .agents.presets import reported_usd
 from .mailbox import Mailbox, Mode, Rerun
 from .tracker import Tracker
 
 SECRET_ENV = ("RALPH_TELEGRAM_BOT_TOKEN",)
+MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
 
 
 @attrs.define
@@ -77,7 +79,7 @@ class AgentRunner:
         self._bus = session.events_after(None)
         self.lease: Lease | None = None   # the engine's hold on the session (set by its run)
         self._run_id: str | None = None    # the agent run open now, if any
-        self._ralph = ralph_command()
+        self._ralph = ralph_argv()
         # what every run inherits: the engine's environment, less the secrets and the
         # tests' hooks (read once: os.environ decodes every item on each look)
         self._base_env = {k: v for k, v in os.environ.items()
@@ -153,12 +155,18 @@ class AgentRunner:
             "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
             # the run's mark: its events are taken while it is open, its processes found
             containment.RUN_MARK: os.path.basename(files.base)})
-        if self._ralph.startswith("/"):   # a plain `ralph` works too, where PATH holds
-            env["PATH"] = os.path.dirname(self._ralph) + os.pathsep + env.get("PATH", "")
+        if len(self._ralph) == 1:   # a plain `ralph` works too, where PATH holds
+            env["PATH"] = os.path.dirname(self._ralph[0]) + os.pathsep + env.get("PATH", "")
         if task:
             env["RALPH_TASK_ID"] = task.id
         else:
             env.pop("RALPH_TASK_ID", None)
+        agent = self.config.agent_for(role)
+        mcp = None
+        if agent.mcp and preset_for(agent).supports_mcp:
+            mcp = McpServer(self._ralph[0], [*self._ralph[1:], "mcp"],
+                            {k: v for k, v in env.items()
+                             if k.startswith("RALPH_") or k in MCP_ENV})
         unit = f"{it.number}/{role}/{task.id if task else ''}"
         guidance = self.mailbox.guidance_for(role, task.id if task else None, unit)
         carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
@@ -168,7 +176,7 @@ class AgentRunner:
                             getattr(self.config.roles, role).instructions,
                             guidance=[g["message"] for g in guidance if not g.get("topic")],
                             pending_events=human_events + carried + pending,
-                            ralph=self._ralph)
+                            ralph=shlex.join(self._ralph), mcp=mcp is not None)
         it.write_prompt(files, text)
         self.activity = f"{role}{' ' + task.id if task else ''} (attempt {attempt})"
         self._say(f"{self.tracker.state} iteration {it.number}: {self.activity}")
@@ -176,7 +184,7 @@ class AgentRunner:
                                     log_base=files.base,
                                     timeout=self.config.agent_for(role).timeout_seconds,
                                     ask_timeout=self.config.RObot.timeout_seconds,
-                                    ended=self._end_run),
+                                    ended=self._end_run, mcp=mcp),
                          [g["id"] for g in guidance], unit)
 
     def _execute(self, role: str, inv: Invocation) -> Outcome:

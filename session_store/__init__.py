@@ -7,6 +7,8 @@ from importlib import import_module
 
 _WHERE = {
     "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors",
+    "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
+    "QuestionCancelled": "_errors",
     "Lease": "_lock", "run_over": "_lock",
     "State": "_types", "Status": "_types", "PauseKind": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",

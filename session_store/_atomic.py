@@ -10,13 +10,16 @@ what the disk is asked to flush (the benchmarks report it).
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import signal
 import stat
+import threading
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
+_temp_serial = itertools.count()   # next() is atomic under the GIL
 _write_count = 0
 durable_writes = 0   # of them, those made durable (fsync'd), for the benchmarks
 fsyncs = 0
@@ -40,6 +43,14 @@ def durable_write_done(kind: str, path: str, durable: bool = True) -> None:
     crash_at = os.environ.get("RALPH_TEST_CRASH_AT_WRITE")
     if crash_at and int(crash_at) == _write_count:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def temp_name(path: str) -> str:
+    """A temp file beside `path`, unique to this call: two threads (or processes) writing
+    one file at once never share a temp file (the last rename wins, each whole)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{os.getpid()}-{threading.get_ident()}-"
+                                   f"{next(_temp_serial)}.tmp")
 
 
 def fsync_dir(path: str) -> None:
@@ -97,7 +108,7 @@ def write_atomic(path: str, data: str | bytes, kind: str = "file", durable: bool
     if isinstance(data, str):
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = temp_name(path)
     fd = open_private(tmp)
     try:
         view = memoryview(data)
@@ -121,7 +132,7 @@ def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
     if isinstance(data, str):
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = temp_name(path)
     fd = open_private(tmp)
     try:
         os.write(fd, data)

@@ -20,7 +20,7 @@ from datetime import datetime
 import attrs
 
 from ._atomic import create_exclusive, write_atomic
-from ._errors import BadInput
+from ._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
 from ._schema import dump_yaml, parse_yaml, shown, structure, unstructure
 from ._session import check_id
 
@@ -148,7 +148,7 @@ def load_question(session_dir: str, qid: str) -> Question:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise BadInput(f"unknown question {qid!r}") from None
+        raise UnknownQuestion(f"unknown question {qid!r}") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
     question = structure(parse_yaml(_read_own(path, fd), path), Question, path)
@@ -209,20 +209,21 @@ def pending(session_dir: str) -> list[Question]:
 
 
 def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
-    """Write the one answer to `qid`; BadInput when it is unknown, cancelled or answered."""
+    """Write the one answer to `qid`; UnknownQuestion, QuestionCancelled or AlreadyAnswered
+    (all BadInput) when it is unknown, cancelled or answered."""
     question = load_question(session_dir, qid)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise BadInput(f"the answer to {qid} is not valid UTF-8 text") from None
     if question.status is QuestionStatus.CANCELLED:
-        raise BadInput(f"question {qid} was cancelled: it takes no answer")
+        raise QuestionCancelled(f"question {qid} was cancelled: it takes no answer")
     if has_answer(session_dir, qid):   # before the option check: "already" says it all
-        raise BadInput(f"question {qid} is already answered")
+        raise AlreadyAnswered(f"question {qid} is already answered")
     text = chosen_option(question.options, text, qid)
     result = Answer(question=qid, text=text, answered_at=now, channel=channel)
     if not create_exclusive(_apath(session_dir, qid), dump_yaml(unstructure(result)), "answer"):
-        raise BadInput(f"question {qid} is already answered")
+        raise AlreadyAnswered(f"question {qid} is already answered")
     return result
 
 

@@ -8,7 +8,7 @@ import shutil
 from datetime import datetime
 
 from ._atomic import FILE_MODE, fsync_dir, make_dirs, read_nofollow, write_atomic
-from ._errors import BadInput
+from ._errors import BadInput, UnknownSession
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
@@ -198,7 +198,7 @@ def load(workspace: str, session_id: str) -> Session:
     try:
         text = read_nofollow(path)
     except FileNotFoundError:
-        raise BadInput(f"unknown session {session_id!r} in {sessions_root(workspace)}") from None
+        raise UnknownSession(f"unknown session {session_id!r} in {sessions_root(workspace)}") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot be read ({e.strerror}; symlinks are refused)") from None
     meta = structure(parse_yaml(text, path), SessionMetadata, path)

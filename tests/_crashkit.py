@@ -18,7 +18,7 @@ from typing import NamedTuple
 import yaml
 
 import session_store
-from conftest import metadata, progress_markers
+from support import metadata, progress_markers
 from engine.machine import TRANSITIONS
 from states import State
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import RALPH, base_env
+from support import RALPH, base_env
 
 SID = "w1"
 

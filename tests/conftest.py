@@ -1,101 +1,17 @@
-"""Shared helpers: run the real `ralph` as a subprocess in a temporary workspace, write
-demo scenarios, read what a session left on disk."""
+"""pytest's hooks and fixtures for every test. The helpers live in tests/support/ (import
+them from `support`); their names are also importable from here, as before."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-RALPH = [sys.executable, "-m", "engine"]
-REPO = Path(__file__).resolve().parent.parent
-
-
-def base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("RALPH_") or k == "RALPH_DEMO_SLEEP_SCALE"}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-@pytest.fixture
-def workspace(tmp_path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
-
-
-def ralph(ws: Path, *args, env: dict | None = None, timeout: float = 120,
-          input: str | None = None) -> subprocess.CompletedProcess:
-    """Run `ralph ARGS` in workspace `ws` and wait for it."""
-    return subprocess.run(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),
-                          capture_output=True, text=True, timeout=timeout, input=input)
-
-
-def spawn(ws: Path, *args, env: dict | None = None) -> subprocess.Popen:
-    """Start `ralph ARGS` in `ws` without waiting (stdout/stderr captured)."""
-    return subprocess.Popen(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def write_scenario(ws: Path, steps: list[dict], name: str = "scenario.yaml") -> Path:
-    path = ws / name
-    path.write_text(yaml.safe_dump({"steps": steps}, sort_keys=False))
-    return path
-
-
-def write_config(ws: Path, config: dict, name: str = "ralph.yml") -> Path:
-    path = ws / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def session_dirs(ws: Path) -> list[Path]:
-    root = ws / ".ralph-sessions"
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-        if root.exists() else []
-
-
-def only_session(ws: Path) -> Path:
-    dirs = session_dirs(ws)
-    assert len(dirs) == 1, dirs
-    return dirs[0]
-
-
-def events(session_dir: Path) -> list[dict]:
-    out = []
-    for line in (session_dir / "events.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
-def metadata(session_dir: Path) -> dict:
-    return yaml.safe_load((session_dir / "metadata.yaml").read_text())
-
-
-def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
-    """{iteration: {task_id: marker}} from every iterations/<N>/progress.md."""
-    out = {}
-    for it in sorted((session_dir / "iterations").iterdir(), key=lambda p: int(p.name)):
-        pm = it / "progress.md"
-        if pm.exists():
-            marks = {}
-            for line in pm.read_text().splitlines():
-                if line.startswith("- ["):
-                    marks[line[6:].split(":")[0]] = line[3]
-            out[it.name] = marks
-    return out
-
-
-FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
+from support.cli import FAST, RALPH, REPO, base_env, ralph, spawn, wait_for  # noqa: F401
+from support.disk import (events, metadata, only_session, progress_markers,  # noqa: F401
+                          session_dirs)
+from support.scenarios import write_config, write_scenario  # noqa: F401
+from support.sessions import clock, session, workspace  # noqa: F401  (fixtures)
 
 
 @pytest.fixture
@@ -111,18 +27,6 @@ def web(workspace):
     yield start
     for s in servers:
         s.stop(expect=None)
-
-
-def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
 
 
 # --- test artefacts (the browser tests' screenshots), listed at the end of the run ---

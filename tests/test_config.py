@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import base_env, ralph, write_config
+from support import base_env, ralph, write_config
 from engine import config as cfg
 from session_store import BadInput
 

@@ -25,8 +25,8 @@ import yaml
 import _crashkit as kit
 import session_store
 from _crashkit import KILLED, Write, run_all
-from conftest import (FAST, base_env, metadata, progress_markers, ralph, spawn, wait_for,
-                      write_config, write_scenario)
+from support import (EVIDENCE, FAST, base_env, metadata, progress_markers, ralph, spawn, wait_for,
+                     write_config, write_scenario)
 
 SID = "crash"
 OBJECTIVE = "Build a greeting CLI"
@@ -342,9 +342,7 @@ def test_second_engine_is_refused_and_a_killed_engines_lock_is_reclaimed(workspa
         {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
             "tasks": [{"id": "t1", "title": "One slow task"}]}}]},
         {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
-        {"role": "executor", "sleep": 30, "emit": [{"topic": "build.done", "payload":
-            "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
-            "complexity: 2, duplication: pass"}]},
+        {"role": "executor", "sleep": 30, "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
         {"role": "reviewer", "emit": [{"topic": "review.done",
                                        "payload": "tests: pass, build: pass"}]},
     ])

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import FAST, REPO, base_env, ralph
+from support import FAST, REPO, base_env, ralph
 from engine import diagram
 from engine.machine import TRANSITIONS, TRIGGERS
 from states import State

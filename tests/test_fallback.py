@@ -11,12 +11,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
-                      spawn, wait_for, write_config, write_scenario)
+from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
+                     progress_markers, prompts, question_files, ralph, spawn, wait_for,
+                     write_config, write_scenario)
+from support import start as start_demo
 from engine.humans import fallback
 from engine.config import Fallback
 from session_store._metadata import Observations, TaskCounts
-from test_gates import DONE, EVIDENCE, plan, prompts
 
 NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
 FACTORS = list(fallback.WEIGHTS)
@@ -97,15 +98,9 @@ WORK_STATE = ("## Current step", "## Completed steps", "## Changed files",
               "## Confidence breakdown")
 
 
-def question_files(sd):
-    return [yaml.safe_load(p.read_text()) for p in sorted((sd / "questions").glob("*.yaml"))]
-
-
 def start(workspace, steps, config=None, sid="fb"):
-    scenario = write_scenario(workspace, steps)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
-                             "RObot": {"timeout_seconds": 120}, **(config or {})})
-    return spawn(workspace, "session", "start", "fallback objective", "--id", sid)
+    return start_demo(workspace, steps, objective="fallback objective", sid=sid,
+                      config={"RObot": {"timeout_seconds": 120}, **(config or {})})
 
 
 def reporting(payload, **extra):

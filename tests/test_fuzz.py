@@ -36,9 +36,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FAST, base_env, metadata, spawn, wait_for, write_config, write_scenario
+from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, spawn, wait_for,
+                     write_config, write_scenario)
 from engine import config as cfg
-from engine import emit, event_schemas
+from engine import event_schemas
+from engine.tools import emit
 from session_store import BadInput, append_event, check_id, create, load, questions, \
     read_events, resolve_id, signals
 
@@ -954,9 +956,6 @@ def _drawn(strategy, n: int, name: str) -> list:
     return out
 
 
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
-REVIEW_OK = "tests: pass, build: pass"
 ENGINE_TOPICS = ["confidence", "blocker", "cost", "plan.ready", "build.done", "build.blocked",
                  "task.failed", "human.progress", "verify.passed", "verify.failed",
                  "review.done", "knowledge.staged", "gate.note", "session.transition",

@@ -13,39 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (base_env, events, metadata, only_session, progress_markers, ralph,
-                      write_config, write_scenario)
+from support import (DONE, EVIDENCE, QUALITY, base_env, events, metadata, only_session, plan,
+                     progress_markers, prompts, ralph, start, write_config)
 from engine import gates
-
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
-QUALITY = ("quality.tests: pass, quality.lint: pass, quality.audit: pass, quality.coverage: 95, "
-           "quality.mutation: 85, quality.complexity: 4")
-
-
-def prompts(sd: Path, role: str, task: str | None = None, iteration: int = 1) -> list[str]:
-    name = f"{role}-{task}" if task else role
-    logs = sd / "iterations" / str(iteration) / "logs"
-    return [p.read_text() for p in sorted(logs.glob(f"*-{name}.prompt.md"))]
-
-
-def plan(*tasks: str, iteration: int = 1) -> dict:
-    return {"role": "planner", "iteration": iteration, "emit": [{"topic": "plan.ready", "json": {
-        "tasks": [{"id": t, "title": t.upper()} for t in tasks]}}]}
-
-
-DONE = [{"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
-        {"role": "executor", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
-        {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]}]
 
 
 def run_scenario(workspace, steps, *args, config=None) -> tuple:
     """A session on a demo scenario; the fallback assessor is off unless `config` turns it
     on (these scenarios fail on purpose, and no human is there to ask)."""
-    scenario = write_scenario(workspace, steps)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
-                             "fallback": {"enabled": False}, **(config or {})})
-    r = ralph(workspace, "session", "start", "gate objective", "--id", "g", *args)
+    r = start(workspace, steps, objective="gate objective", sid="g", args=args, wait=True,
+              config={"fallback": {"enabled": False}, **(config or {})})
     return r, only_session(workspace)
 
 
@@ -278,10 +255,12 @@ def standins(tmp_path):
                 "Follow the instructions above."], True, 0.5 * 2),
 ])
 def test_presets(workspace, standins, backend, argv, stdin, cost):
-    """How each preset hands a run to its CLI (the real Claude Code and Codex run in
-    test_real_agents.py; here a stand-in records what it was given)."""
+    """How each preset hands a run to its CLI (the real Claude Code, Codex and Gemini run
+    in test_real_agents.py, with ralph's MCP server wired in; here a stand-in records what
+    it was given, without it)."""
     log = workspace / "standin.jsonl"
     env = base_env(PATH=f"{standins}{os.pathsep}{os.environ['PATH']}", STANDIN_LOG=log)
+    write_config(workspace, {"agent": {"mcp": False}})
     r = ralph(workspace, "session", "start", "preset objective", "--agent", backend, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -318,7 +297,7 @@ def test_max_cost_pauses_with_exit_5(workspace, standins):
 # --- the bus: 8 processes x 500 emits ---
 
 def _emitter(session_dir: str, worker: int, count: int) -> None:
-    from engine.emit import main
+    from engine.tools.emit import main
     os.environ.update({"RALPH_SESSION_DIR": session_dir, "RALPH_ROLE": f"w{worker}"})
     sys.stdout = io.StringIO()
     for i in range(count):

@@ -11,13 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
-                      spawn, wait_for, write_config, write_scenario)
-from test_gates import DONE, EVIDENCE, plan, prompts
-
-
-def question_files(sd: Path) -> list[dict]:
-    return [yaml.safe_load(p.read_text()) for p in sorted((sd / "questions").glob("*.yaml"))]
+from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
+                     progress_markers, prompts, question_files, ralph, spawn, wait_for)
+from support import start as start_demo
 
 
 def pending_qid(sd: Path) -> str:
@@ -28,10 +24,8 @@ def pending_qid(sd: Path) -> str:
 
 
 def start(workspace, steps, config=None, sid="h", env=None):
-    scenario = write_scenario(workspace, steps)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
-                             **(config or {})})
-    return spawn(workspace, "session", "start", "human objective", "--id", sid, env=env)
+    return start_demo(workspace, steps, objective="human objective", sid=sid, config=config,
+                      env=env)
 
 
 ASKS = [plan("t1"),

@@ -60,7 +60,8 @@ import yaml
 
 import _crashkit as kit
 from _crashkit import KILLED, Write
-from conftest import FAST, base_env, metadata, ralph, write_config, write_scenario
+from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, ralph, write_config,
+                     write_scenario)
 from session_store import BadInput, progress, questions
 
 SID = "matrix"
@@ -68,9 +69,6 @@ OBJECTIVE = "Build a key-value store with a CLI"
 AGENT = Path(__file__).resolve().parent / "_matrix_agent.py"
 ROOTS = (".docs", ".ralph-demo/kv")
 
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
-REVIEW_OK = "tests: pass, build: pass"
 ANSWERED = "Which database should the store use?"
 ANSWER = "sqlite, in a single file"
 TIMES_OUT = "Should the CLI print in colour?"

@@ -9,15 +9,9 @@ import time
 
 import yaml
 
-from conftest import (FAST, base_env, events, metadata, ralph, spawn, wait_for,
-                      write_config, write_scenario)
-from test_gates import DONE, EVIDENCE, plan, prompts
-
-
-def demo(workspace, steps, config=None):
-    scenario = write_scenario(workspace, steps)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
-                             **(config or {})})
+from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, plan, prompts, ralph, spawn,
+                     wait_for, write_config)
+from support import demo_config as demo   # a scenario and a ralph.yml playing it
 
 
 def runs(sd) -> int:

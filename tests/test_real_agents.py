@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from conftest import events, metadata, wait_for
-from support.agents import CLIS, Rig, finish, processes_marked, wait_for_process
-from support.model_server import Brain, Say, Shell, Turn
+from support import events, finish, metadata, wait_for
+from support.agents import CLIS, Rig, processes_marked, wait_for_process
+from support.model_server import Brain, Say, Shell, Tool, Turn
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def test_a_whole_session_reaches_complete_with_tokens_and_cost(rig):
     # no ralph on the agent's PATH: the model calls the absolute path its prompt gives
     # (codex runs it in a login shell, which resets PATH anyway)
     assert not any(os.path.exists(os.path.join(p, "ralph")) for p in r.env["PATH"].split(":"))
-    code, out, err = finish(r.start())
+    code, out, err = finish(r.start(), timeout=120)
     assert code == 0, out + err
     sd = r.session_dir()
     meta = metadata(sd)
@@ -94,7 +94,7 @@ def test_pause_mid_run_stops_every_process_and_resume_completes(rig):
     assert meta["status"] == "paused"
     if r.cli == "claude":   # it streamed its usage before the command: kept though stopped
         assert meta["usage"]["by_role"]["executor"]["input_tokens"] > 0
-    code, out, err = finish(r.resume())
+    code, out, err = finish(r.resume(), timeout=120)
     assert code == 0, out + err
     assert metadata(sd)["status"] == "completed"
 
@@ -133,7 +133,7 @@ def test_kill_9_of_the_engine_then_resume_hears_nothing_from_the_dead_run(rig):
     assert "refused" in refused.stderr and "no engine" in refused.stderr, refused.stderr
     record = [e for e in events(sd) if e["topic"] == "emit.refused"][-1]
     assert record["run"] == dead_run and record["payload"]["topic"] == "build.done"
-    code, out, err = finish(r.resume())
+    code, out, err = finish(r.resume(), timeout=120)
     assert code == 0, out + err
     assert not processes_marked(sd), processes_marked(sd)
     taken = [e for e in events(sd) if e["topic"] == "build.done"]
@@ -161,7 +161,7 @@ def test_ask_answered_from_the_cli_reaches_the_agent(rig):
     wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
     answered = r.ralph("session", "answer", "real", "2")    # option 2: postgres
     assert answered.returncode == 0, answered
-    code, out, err = finish(engine)
+    code, out, err = finish(engine, timeout=120)
     assert code == 0, out + err
     done = next(e for e in events(sd) if e["topic"] == "build.done")
     assert "database: postgres" in done["payload"], done
@@ -187,8 +187,120 @@ def test_human_interact_answer_reaches_the_next_request(rig):
     wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
     answered = r.ralph("session", "answer", "real", "spaces, four of them")
     assert answered.returncode == 0, answered
-    code, out, err = finish(engine)
+    code, out, err = finish(engine, timeout=120)
     assert code == 0, out + err
     # the answer was in what the CLI sent to the model for the executor's next run
     bodies = r.server.bodies()
     assert any("- human.response:" in b and "spaces, four of them" in b for b in bodies)
+
+
+# --- through ralph's MCP server only (claude and codex take it; gemini uses the shell) ---
+
+class ThroughMcp(Brain):
+    """Every role talks to ralph through its MCP tools, never through the shell."""
+
+    def planner(self, turn: Turn):
+        if turn.step == 0:
+            return Tool("status", {})
+        if '"iteration": 1' in turn.outputs[0] and turn.step == 1:
+            return Tool("emit", {"topic": "plan.ready", "payload": {"tasks": [
+                {"id": "t1", "title": "Write hello.txt", "batch": 1}]}})
+        if '"iteration": 1' in turn.outputs[0]:
+            return Say("Planned.")
+        if turn.step == 1:
+            return Tool("emit", {"topic": "LOOP_COMPLETE", "payload": "nothing is left"})
+        return Say("Done.")
+
+    def executor(self, turn: Turn):
+        if turn.step == 0:
+            return Tool("progress", {"message": "writing hello.txt"})
+        if turn.step == 1:
+            return Tool("ask", {"question": "Greet in English?", "options": ["yes", "no"]})
+        if turn.step == 2:
+            return Tool("emit", {"topic": "build.done",
+                                 "payload": f"english: {turn.outputs[1]}, {self.EVIDENCE}"})
+        return Say("Built.")
+
+    def reviewer(self, turn: Turn):
+        if turn.step == 0:
+            return Tool("emit", {"topic": "review.done", "payload": "tests: pass, build: pass"})
+        return Say("Reviewed.")
+
+
+@pytest.fixture(params=[c for c in CLIS if c != "gemini"])
+def mcp_rig(request, tmp_path):
+    rigs = []
+
+    def make(brain: Brain, sub: str = "") -> Rig:
+        (tmp_path / sub).mkdir(exist_ok=True)
+        rigs.append(Rig(request.param, tmp_path / sub, brain))
+        return rigs[-1]
+    yield make
+    for r in rigs:
+        r.close()
+
+
+def test_a_whole_session_through_mcp_only(mcp_rig):
+    """Every event and the human question through `ralph mcp`, none through the shell."""
+    r = mcp_rig(ThroughMcp())
+    engine = r.start()
+    sd = r.session_dir()
+    wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
+    answered = r.ralph("session", "answer", "real", "1")     # option 1: yes
+    assert answered.returncode == 0 and "gets it now" in answered.stdout, answered
+    code, out, err = finish(engine, timeout=120)
+    assert code == 0, out + err
+    evs = events(sd)
+    topics = [e["topic"] for e in evs]
+    assert {"plan.ready", "human.progress", "human.question", "build.done", "review.done",
+            "LOOP_COMPLETE"} <= set(topics), topics
+    assert next(e for e in evs if e["topic"] == "build.done")["payload"].startswith(
+        "english: yes,")
+    assert all(e.get("run") for e in evs if e["source"] in ("planner", "executor", "reviewer"))
+    assert metadata(sd)["status"] == "completed"
+    # the model never used the shell: everything went through the MCP tools
+    assert "shell" not in r.server.calls and "mcp:ask" in r.server.calls, r.server.calls
+    assert not processes_marked(sd)
+
+
+class AsksThroughMcp(Brain):
+    def executor(self, turn: Turn):
+        if turn.step == 0:
+            return Tool("ask", {"question": "Which database?",
+                                "options": ["sqlite", "postgres"]})
+        if turn.step == 1:
+            chosen = "postgres" if "postgres" in turn.outputs[0] else "none"
+            return Tool("emit", {"topic": "build.done",
+                                 "payload": f"database: {chosen}, {self.EVIDENCE}"})
+        return Say("Built.")
+
+
+def test_an_ask_answered_after_150_seconds_still_reaches_the_agent(tmp_path):
+    """Longer than Claude's 120 s Bash default and codex's 60 s MCP default: both CLIs at
+    once, each blocked in the MCP `ask` for 150 s, then answered from the CLI."""
+    for cli in ("claude", "codex"):
+        (tmp_path / cli).mkdir()
+    rigs = [Rig(cli, tmp_path / cli, AsksThroughMcp()) for cli in ("claude", "codex")]
+    engines = []
+    try:
+        engines += [r.start() for r in rigs]
+        for r in rigs:
+            wait_for(lambda: r.session_dir().exists()
+                     and list((r.session_dir() / "questions").glob("*.yaml")), timeout=60)
+        time.sleep(150)
+        for r in rigs:
+            answered = r.ralph("session", "answer", "real", "postgres")
+            assert answered.returncode == 0 and "gets it now" in answered.stdout, answered
+        for r, engine in zip(rigs, engines):
+            code, out, err = finish(engine, timeout=120)
+            assert code == 0, (r.cli, out + err)
+            done = next(e for e in events(r.session_dir()) if e["topic"] == "build.done")
+            assert "database: postgres" in done["payload"], (r.cli, done)
+            assert not processes_marked(r.session_dir())
+    finally:
+        for engine in engines:
+            if engine.poll() is None:
+                engine.kill()
+                engine.communicate()
+        for r in rigs:
+            r.close()

@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import FAST, base_env, metadata, ralph, spawn, wait_for, write_config, \
-    write_scenario
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
+                     write_scenario)
 from fake_telegram import FakeTelegram
-from test_gates import EVIDENCE
 
 MARKER = "SECRET-MARKER-TOKEN"
 TOKEN = f"123456:{MARKER}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
-                      write_config, write_scenario)
+from support import (EVIDENCE, FAST, base_env, events, metadata, only_session, progress_markers,
+                     ralph, write_config, write_scenario)
 from engine.machine import allowed
 from states import State
 
@@ -252,14 +252,12 @@ def test_objective_from_file_and_missing_objective(workspace):
 def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
     import signal as sig
 
-    from conftest import spawn, wait_for
+    from support import spawn, wait_for
     scenario = write_scenario(workspace, [
         {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
             "tasks": [{"id": "slow", "title": "S"}]}}]},
         {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
-        {"role": "executor", "sleep": 30, "emit": [{"topic": "build.done", "payload":
-            "tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
-            "complexity: 1, duplication: pass"}]},
+        {"role": "executor", "sleep": 30, "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
         {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
     ])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
@@ -282,7 +280,7 @@ def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
 def test_the_workspace_holds_the_config(tmp_path):
     """Issue 13, item 5: with --workspace W (or $RALPH_WORKSPACE), init writes W/ralph.yml,
     validate and start read it; `-c PATH` stays relative to the current directory."""
-    from test_gates import DONE, plan
+    from support import DONE, plan
     ws, here = tmp_path / "W", tmp_path / "here"
     ws.mkdir()
     here.mkdir()
@@ -376,7 +374,7 @@ def test_resume_and_answer_default_to_the_only_open_session(workspace):
     ])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
                              "RObot": {"timeout_seconds": 600}})
-    from conftest import spawn, wait_for
+    from support import spawn, wait_for
     proc = spawn(workspace, "session", "start", "obj", "--id", "only")
     sd = workspace / ".ralph-sessions/only"
     wait_for(lambda: list(sd.glob("questions/*.yaml")))
@@ -413,7 +411,7 @@ def test_a_closed_pipe_ends_the_output_quietly(workspace):
     """Issue 13, item 12: `ralph session status | head -1` and friends: no "internal error"."""
     import subprocess
 
-    from conftest import RALPH
+    from support import RALPH
     assert ralph(workspace, "session", "start", "obj", "--id", "p", env=base_env(**FAST)
                  ).returncode == 0
     for args in (["session", "status"], ["session", "list"], ["session", "tail", "p"]):

@@ -32,13 +32,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (FAST, base_env, events, metadata, only_session, progress_markers, ralph,
-                      spawn, write_config, write_scenario)
+from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
+                     progress_markers, ralph, signal_files, spawn, transitions, write_config,
+                     write_scenario)
 from session_store import BadInput, signals
 
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
-REVIEW_OK = "tests: pass, build: pass"
 
 AGENT = textwrap.dedent('''
     import json, os, subprocess, sys, time
@@ -129,16 +127,6 @@ def resume(ws: Path, sid: str = "s1", *extra, env: dict | None = None):
     return ralph(ws, "session", "resume", sid, *extra, env=env or base_env(**FAST))
 
 
-def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"ralph did not finish in {timeout}s:\n{out}\n{err}")
-    return proc.returncode, out, err
-
-
 def wait_until(predicate, timeout: float = 30, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -167,19 +155,9 @@ def guidance_section(prompt: str) -> str:
     return m.group(1) if m else ""
 
 
-def signal_files(sdir: Path, where: str) -> dict[str, dict]:
-    folder = sdir / "signals" / where
-    return {p.name: yaml.safe_load(p.read_bytes()) for p in sorted(folder.iterdir())
-            if not p.name.startswith(".") and not p.name.endswith(".taken")}
-
-
 def leftovers(sdir: Path) -> list[str]:
     """*.taken files anywhere in the mailbox (a take or reject never finished)."""
     return [p.name for p in (sdir / "signals").rglob("*.taken")]
-
-
-def transitions(sdir: Path) -> list[dict]:
-    return [e["payload"] for e in events(sdir) if e["topic"] == "session.transition"]
 
 
 def one_line_error(result) -> None:

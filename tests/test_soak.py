@@ -21,16 +21,14 @@ import pytest
 import yaml
 
 from _crashkit import cached_bytecode, scratch
-from conftest import FAST, RALPH, base_env, metadata, progress_markers, write_config, \
-    write_scenario
+from support import (EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, write_config,
+                     write_scenario)
 from session_store import questions
 
 SID = "soak"
 ITERATIONS = int(os.environ.get("RALPH_TEST_SOAK_ITERATIONS", "500"))
 QUESTION_EVERY = 10
 SEED = 0x50AC
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
 ACTORS = Path(__file__).resolve().parent / "_soak_actors.py"
 SAMPLES = (50 if ITERATIONS >= 100 else max(1, ITERATIONS // 10), ITERATIONS)
 

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from conftest import REPO, base_env, ralph
+from support import REPO, base_env, ralph
 from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
                            read_events, running_pid)
 
@@ -41,6 +41,36 @@ def test_create_refuses_an_existing_or_bad_id(workspace):
             create(str(workspace), "obj", now=NOW, session_id=bad)
         with pytest.raises(BadInput, match="expected"):
             load(str(workspace), bad)
+
+
+def test_typed_refusals_are_bad_input_with_the_same_words(workspace):
+    """Callers catch what happened (AlreadyAnswered, ...), never a message; every one is
+    a BadInput (exit 2) whose one line is unchanged."""
+    import session_store
+    from session_store import (AlreadyAnswered, QuestionCancelled, UnknownQuestion,
+                               UnknownSession, questions)
+    for error in (AlreadyAnswered, QuestionCancelled, UnknownQuestion, UnknownSession):
+        assert issubclass(error, BadInput) and error.__name__ in session_store.__all__
+    with pytest.raises(UnknownSession, match=r"^unknown session 'nope' in "):
+        load(str(workspace), "nope")
+    s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    with pytest.raises(UnknownQuestion, match=r"^unknown question 'q1'$"):
+        questions.load_question(s.dir, "q1")
+    with pytest.raises(UnknownQuestion):
+        questions.answer(s.dir, "q1", "yes", now=NOW)
+
+    def ask(qid):
+        return questions.ask(s.dir, questions.Question(
+            id=qid, text="Which?", asked_at=NOW, deadline=NOW, on_timeout="continue",
+            context=questions.QuestionContext(session="s1", state="PLANNING", iteration=1)))
+    ask("q1")
+    questions.answer(s.dir, "q1", "first", now=NOW)
+    with pytest.raises(AlreadyAnswered, match=r"^question q1 is already answered$"):
+        questions.answer(s.dir, "q1", "second", now=NOW)
+    assert questions.read_answer(s.dir, "q1").text == "first"
+    questions.resolve(s.dir, ask("q2"), questions.QuestionStatus.CANCELLED, NOW)
+    with pytest.raises(QuestionCancelled, match=r"^question q2 was cancelled: it takes no answer$"):
+        questions.answer(s.dir, "q2", "late", now=NOW)
 
 
 def test_save_increments_revision(workspace):

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import signal
 import stat
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import base_env, events, metadata, ralph, spawn, wait_for, write_config, \
-    write_scenario
+from support import (DONE, EVIDENCE, base_env, events, finish, metadata, plan, prompts, ralph,
+                     spawn, wait_for, write_config, write_scenario)
+from support import start as start_demo
 from fake_telegram import FakeTelegram
-from test_gates import DONE, EVIDENCE, plan, prompts
 
 TOKEN = "123456:TEST-MARKER-TOKEN"
 SECRET = "TEST-MARKER-TOKEN"
@@ -41,11 +40,8 @@ def robot(**over) -> dict:
 
 
 def start(ws: Path, steps, fake, sid="h", robot_config=None, extra=None, env=None):
-    scenario = write_scenario(ws, steps)
-    write_config(ws, {"agent": {"backend": "demo", "script": str(scenario)},
-                      "RObot": robot_config or robot(), **(extra or {})})
-    return spawn(ws, "session", "start", "telegram objective", "--id", sid,
-                 env=env or tg_env(fake))
+    return start_demo(ws, steps, objective="telegram objective", sid=sid, env=env or tg_env(fake),
+                      config={"RObot": robot_config or robot(), **(extra or {})})
 
 
 def assert_no_token(ws: Path, *outputs: str) -> None:
@@ -57,11 +53,6 @@ def assert_no_token(ws: Path, *outputs: str) -> None:
         assert SECRET not in (out or "")
     # and the bot's state was saved whole when it stopped
     assert not list((ws / ".ralph-sessions").glob(".telegram/.*.tmp"))
-
-
-def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
 
 
 ASKS = [{**plan("t1"), "emit": plan("t1")["emit"] + [

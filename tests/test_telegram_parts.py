@@ -212,7 +212,7 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
     on one question each round: the channel gives up on it just before, at or after the
     waiter's own deadline. The question always ends timed_out and stays so, and a late
     answer to it reaches the next prompt as guidance."""
-    from engine import interact
+    from engine.tools import interact
     from engine.config import Config
     from engine.driver import Engine
     monkeypatch.delenv("RALPH_ROLE", raising=False)
@@ -256,3 +256,37 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
     assert late == {f"late-{q.id}" for q in asked_}
     for q in questions.questions(sdir):
         assert q.status is questions.QuestionStatus.TIMED_OUT and q.late_answer_delivered
+
+
+# --- the commands: a reply to a question, whatever became of the question ---
+
+ANSWER_REPLIES = [
+    ("pending: recorded", None, "sqlite", "Answer recorded for question q1 of session A."),
+    ("answered already: the first answer wins", "answered", "sqlite",
+     "Thank you, but question q1 of session A was already answered (cli): postgres. "
+     "Your reply changed nothing."),
+    ("cancelled: takes none", "cancelled", "sqlite",
+     "Question q1 of session A was cancelled: it takes no answer now."),
+    ("an ambiguous option: said why", None, "s",
+     "Your answer could not be recorded: answer 's' to q1 matches several options "
+     "(2. 'sqlite'; 3. 'spanner'): answer with one's number or more of its text"),
+]
+
+
+@pytest.mark.parametrize("before, text, reply", [row[1:] for row in ANSWER_REPLIES],
+                         ids=[row[0] for row in ANSWER_REPLIES])
+def test_a_reply_to_a_question(tmp_path, before, text, reply):
+    from engine.channels.telegram.commands import Commands
+    from engine.channels.telegram.settings import Log
+    ws = str(tmp_path)
+    sdir = create(ws, "objective", now=now(), session_id="A").dir
+    _ask(sdir, "A", "q1", "Which database?")
+    q = questions.load_question(sdir, "q1")
+    q.options = ["postgres", "sqlite", "spanner"]
+    questions.save_question(sdir, q)
+    if before == "answered":
+        questions.answer(sdir, "q1", "postgres", now=now())
+    elif before == "cancelled":
+        questions.resolve(sdir, q, questions.QuestionStatus.CANCELLED, now())
+    commands = Commands(ws, Log(TOKEN, sink=lambda line: None), state_dir=str(tmp_path / "bot"))
+    assert commands.answer("A", "q1", text, chat=CHAT) == reply

@@ -26,14 +26,12 @@ import yaml
 import _crashkit as kit
 import session_store
 from _crashkit import KILLED
-from conftest import FAST, base_env, metadata, ralph, spawn, wait_for, write_config, \
-    write_scenario
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
+                     write_scenario)
 from session_store import questions, read_events, signals
 
 SID = "torn"
 OBJECTIVE = "Tear the bus"
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
 QUESTION = "Which database?"
 
 STEPS = [

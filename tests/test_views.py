@@ -9,9 +9,8 @@ import select
 import subprocess
 import time
 
-from conftest import (FAST, RALPH, base_env, ralph, spawn, wait_for,
-                      write_config, write_scenario)
-from test_gates import DONE, EVIDENCE, plan
+from support import (DONE, EVIDENCE, FAST, RALPH, base_env, plan, ralph, spawn, wait_for,
+                     write_config, write_scenario)
 
 SLOW = [plan("t1", "t2"),
         {"role": "executor", "task": "t1", "sleep": 30, "emit": [{"topic": "build.done",

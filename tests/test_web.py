@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 
 from _web import SID, ask, client, now, store_session
-from conftest import FAST, base_env, metadata, ralph, wait_for, write_config, write_scenario
-from test_gates import EVIDENCE
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, wait_for, write_config,
+                     write_scenario)
 
 WEB_TOKEN = "web-token-0123456789abcdef"
 TG_TOKEN_ENV = "123456:TELEGRAM-FROM-ENV-SECRET"

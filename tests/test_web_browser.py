@@ -16,9 +16,8 @@ import pytest
 
 from _web import WebServer, stop_engine_of
 from engine.diagram import VISITED
-from conftest import ARTIFACTS, artifacts_dir, base_env, metadata, spawn, write_config, \
-    write_scenario
-from test_gates import EVIDENCE
+from conftest import ARTIFACTS, artifacts_dir
+from support import EVIDENCE, base_env, metadata, spawn, write_config, write_scenario
 
 SID = "web-demo"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

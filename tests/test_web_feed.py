@@ -11,7 +11,7 @@ import threading
 import httpx
 
 from _web import SID, WebServer, ask, client, now, store_session
-from conftest import RALPH, base_env
+from support import RALPH, base_env
 
 
 class Stream:

@@ -2,24 +2,24 @@
 
     make_agent(config)     the backend for a role's agent config
     preflight(config, env) why a configured agent cannot run here (before a session starts)
-    ralph_command()        the absolute `ralph` agents are told to call
+    ralph_argv()           the absolute `ralph` agents are told to call (and run as MCP server)
     containment            find and stop every process of a run, or of a dead engine's runs
 """
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 
 from ..config import AgentConfig, Backend, PromptMode
 from . import containment
-from .presets import PRESETS, Command, Preset, RunReport, RunSetup
+from .presets import PRESETS, Command, McpServer, Preset, RunReport, RunSetup
 from .process import CommandAgent, Invocation, Outcome
 
-__all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "RunSetup", "Preset",
+__all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "RunSetup",
+           "Preset", "McpServer",
            "PRESETS", "containment", "make_agent", "preflight", "installed_backend",
-           "ralph_command", "demo_argv"]
+           "ralph_argv", "demo_argv"]
 
 
 def demo_argv(script: str | None) -> list[str]:
@@ -59,13 +59,13 @@ def installed_backend() -> Backend | None:
     return None
 
 
-def ralph_command() -> str:
+def ralph_argv() -> list[str]:
     """The `ralph` that runs this engine, as an absolute command agents can call from any
     shell (a login shell resets PATH, and the venv is seldom activated)."""
     beside = os.path.join(os.path.dirname(sys.executable), "ralph")
     if os.access(beside, os.X_OK):
-        return shlex.quote(beside)
+        return [beside]
     found = shutil.which("ralph")
     if found:
-        return shlex.quote(os.path.abspath(found))
-    return f"{shlex.quote(sys.executable)} -m engine"
+        return [os.path.abspath(found)]
+    return [sys.executable, "-m", "engine"]

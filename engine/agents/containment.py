@@ -5,11 +5,14 @@ of its own, codex runs commands in PTYs behind a node wrapper, and a tool may ca
 `setsid` or double-fork. What every descendant keeps is its environment, so each run is
 marked there (RUN_MARK and the session directory, set by the runner), and a run's
 processes are those carrying its mark plus the descendants of its first process (in
-case one cleared its environment). After a `kill -9` of the engine, the next start
-finds what the dead engine's runs left by the session's mark. Linux (/proc).
+case one cleared its environment). The engine is also a child subreaper: a process that
+both clears its environment and double-forks is adopted by the engine rather than by
+init, and found among its children. After a `kill -9` of the engine, the next start
+finds what the dead engine's runs left by the session's mark. Linux (/proc, prctl).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -18,23 +21,65 @@ RUN_MARK = "RALPH_RUN_ID"
 SESSION_MARK = "RALPH_SESSION_DIR"
 GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
+_PR_SET_CHILD_SUBREAPER = 36
+_spared: set[int] = set()   # children the engine started itself (a resume from a channel)
+
+
+def adopt_orphans() -> bool:
+    """Make this process (the engine) the reaper of its orphaned descendants, so that
+    nothing an agent run starts can slip out of its tree. False where it cannot."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def spare(pid: int) -> None:
+    """A child the engine started on purpose: never taken for an agent's orphan."""
+    _spared.add(pid)
+
+
+def reap_orphans(root: int | None = None) -> None:
+    """Collect the exit status of adopted orphans that ended (so they leave no zombie);
+    the agent's own process (`root`) and spared children are waited for by their owners."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        pid = int(name) if name.isdigit() else None
+        if pid is None or pid == root or pid in _spared:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == me:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time) of a live process, None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name is in parentheses and may hold spaces: read after the last ")"
+    fields = stat[stat.rfind(b")") + 2:].split()
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return int(fields[1]), int(fields[19])
 
 
 def _table() -> dict[int, int]:
     """pid -> parent pid of every live (not zombie) process but this one."""
     table = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name is in parentheses and may hold spaces: read after the last ")"
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if fields and fields[0] != b"Z":
-            table[int(name)] = int(fields[1])
+        if name.isdigit() and (stat := _stat(int(name))) is not None:
+            table[int(name)] = stat[0]
     table.pop(os.getpid(), None)
     return table
 
@@ -52,20 +97,29 @@ def _marks(pid: int) -> dict[bytes, bytes]:
 
 def find(session_dir: str, run: str | None = None, root: int | None = None) -> set[int]:
     """The live processes of agent run `run` of the session (of any of its runs when
-    `run` is None), and the descendants of `root`."""
+    `run` is None), and the descendants of `root`; with `root`, also the orphans this
+    engine adopted (the run is the only one it has) and their descendants."""
     table = _table()
     found = set()
-    session = os.path.abspath(session_dir).encode()
+    session = os.path.realpath(session_dir)
+    real: dict[bytes, str] = {}   # the same session may be named through a symlink
     for pid in table:
         marks = _marks(pid)
-        if marks.get(SESSION_MARK.encode()) == session and RUN_MARK.encode() in marks and \
-                (run is None or marks[RUN_MARK.encode()] == run.encode()):
+        named = marks.get(SESSION_MARK.encode())
+        if named is None or RUN_MARK.encode() not in marks or \
+                (run is not None and marks[RUN_MARK.encode()] != run.encode()):
+            continue
+        if named not in real:
+            real[named] = os.path.realpath(os.fsdecode(named))
+        if real[named] == session:
             found.add(pid)
-    if root is not None and root in table:
+    if root is not None:
         children: dict[int, list[int]] = {}
         for pid, parent in table.items():
             children.setdefault(parent, []).append(pid)
-        todo = [root]
+        adopted = [pid for pid in children.get(os.getpid(), ())
+                   if pid != root and pid not in _spared and _ours(pid, session)]
+        todo = ([root] if root in table else []) + adopted
         while todo:
             pid = todo.pop()
             found.add(pid)
@@ -73,25 +127,45 @@ def find(session_dir: str, run: str | None = None, root: int | None = None) -> s
     return found
 
 
+def _ours(pid: int, session: str) -> bool:
+    """An adopted orphan counts as the run's unless another session's run marked it."""
+    named = _marks(pid).get(SESSION_MARK.encode())
+    return named is None or os.path.realpath(os.fsdecode(named)) == session
+
+
 def stop(find_them, grace: float = GRACE_SECONDS) -> int:
     """SIGTERM every process `find_them()` returns, wait up to `grace` for all of them
-    to go, then SIGKILL whatever is left (again, for anything started meanwhile).
-    Returns how many there were at first."""
-    first = find_them()
-    if not first:
-        return 0
-    _send(first, signal.SIGTERM)
-    _send(first, signal.SIGCONT)   # a stopped process handles its SIGTERM only when woken
+    to go, then SIGKILL whatever is left. Every process seen once is followed to its end
+    by its identity (pid and start time): one found only as a descendant is still
+    stopped after its parents died. Returns how many there were at first."""
+    known: dict[int, int] = {}     # pid -> start time
+
+    def look() -> list[int]:
+        """Add what is found now; return the known processes still alive."""
+        for pid in find_them():
+            if pid not in known and (stat := _stat(pid)) is not None:
+                known[pid] = stat[1]
+        return [pid for pid, start in known.items()
+                if (stat := _stat(pid)) is not None and stat[1] == start]
+
+    alive = look()
+    first = len(alive)
+    termed: set[int] = set()
     deadline = time.monotonic() + grace
-    while (left := find_them()) and time.monotonic() < deadline:
+    while alive and time.monotonic() < deadline:
+        fresh = [pid for pid in alive if pid not in termed]
+        _send(fresh, signal.SIGTERM)
+        _send(fresh, signal.SIGCONT)   # a stopped process handles its SIGTERM when woken
+        termed.update(fresh)
         time.sleep(_POLL)
+        alive = look()
     for _ in range(100):
-        if not left:
+        if not alive:
             break
-        _send(left, signal.SIGKILL)
+        _send(alive, signal.SIGKILL)
         time.sleep(_POLL / 5)
-        left = find_them()
-    return len(first)
+        alive = look()
+    return first
 
 
 def _send(pids, sig) -> None:

@@ -15,6 +15,8 @@ import shutil
 
 import attrs
 
+from session_store._atomic import write_atomic
+
 from ..config import Backend, PromptMode
 
 ARG_LIMIT = 100_000   # bytes; Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN)
@@ -30,10 +32,25 @@ class RunReport:
 
 
 @attrs.frozen
+class McpServer:
+    """`ralph mcp` for one run: how its CLI starts it, with the run's environment (CLIs
+    pass MCP servers little of their own)."""
+    command: str
+    args: list[str]
+    env: dict[str, str]
+
+
+@attrs.frozen
 class RunSetup:
     """What a preset may need to know of the run it prepares."""
     log_base: str                  # the run's logs: <log_base>.prompt.md, .stdout, .stderr
     ask_timeout_seconds: float     # how long a human question may block a tool call
+    mcp: McpServer | None = None   # wire ralph's MCP server into the CLI (supports_mcp)
+
+    @property
+    def tool_wait_seconds(self) -> int:
+        """How long a tool call may block: a question's timeout and a minute more."""
+        return int(self.ask_timeout_seconds + 60)
 
 
 class Preset:
@@ -44,6 +61,7 @@ class Preset:
     prompt_mode = PromptMode.STDIN
     price_per_mtok = (0.0, 0.0)       # USD per million (input, output) tokens
     refused_as_root: tuple[str, ...] = ()   # flags the CLI refuses when run as root
+    supports_mcp = False              # ralph's MCP server can be wired into a run
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
         return [self.program, *self.args, *extra]
@@ -86,14 +104,33 @@ class Claude(Preset):
             "--permission-mode", "acceptEdits", "--allowedTools", "Bash")
     price_per_mtok = (3.0, 15.0)
     refused_as_root = ("--dangerously-skip-permissions",)
+    supports_mcp = True
     BASH_TIMEOUT_MS = (120_000, 600_000)     # its Bash tool's default and maximum
 
+    def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        argv = [self.program, *self.args, *extra]
+        if setup.mcp is not None:
+            # its tools allowed by name, like Bash; the config in a file of the run's logs
+            config = setup.log_base + ".mcp.json"
+            write_private(config, json.dumps({"mcpServers": {"ralph": {
+                "type": "stdio", "command": setup.mcp.command, "args": setup.mcp.args,
+                "env": setup.mcp.env}}}))
+            argv[argv.index("Bash")] = "Bash mcp__ralph"
+            argv += ["--mcp-config", config]
+        return argv
+
     def env(self, setup: RunSetup) -> dict[str, str]:
-        # a blocking `ralph tools interact ask` must not outlive the Bash tool's timeout
-        wait_ms = int((setup.ask_timeout_seconds + 60) * 1000)
+        # a blocking `ask` (a shell command or an MCP call) must not outlive its tool's
+        # timeout
+        wait_ms = setup.tool_wait_seconds * 1000
         default, most = self.BASH_TIMEOUT_MS
-        return {"BASH_DEFAULT_TIMEOUT_MS": str(max(default, wait_ms)),
-                "BASH_MAX_TIMEOUT_MS": str(max(most, wait_ms))}
+        env = {"BASH_DEFAULT_TIMEOUT_MS": str(max(default, wait_ms)),
+               "BASH_MAX_TIMEOUT_MS": str(max(most, wait_ms)),
+               "MCP_TOOL_TIMEOUT": str(wait_ms)}
+        if setup.mcp is not None:
+            # ralph's tools listed from the first turn, not deferred behind a tool search
+            env["ENABLE_TOOL_SEARCH"] = "false"
+        return env
 
     def report(self, stdout: str) -> RunReport:
         """stream-json: the `result` line has the final text, the usage and the cost; a
@@ -129,9 +166,23 @@ class Codex(Preset):
     args = ("exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
             "--color", "never")
     price_per_mtok = (1.25, 10.0)
+    supports_mcp = True
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
-        return [self.program, *self.args, *extra, "-"]    # "-": the prompt on stdin
+        wiring = []
+        if setup.mcp is not None:
+            server = "mcp_servers.ralph."
+            env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in setup.mcp.env.items())
+            for key, value in (("command", json.dumps(setup.mcp.command)),
+                               ("args", json.dumps(setup.mcp.args)),
+                               ("env", "{" + env + "}"),
+                               ("tool_timeout_sec", str(setup.tool_wait_seconds)),
+                               # the first turn waits for its tools (it starts in ~1 s)
+                               ("required", "true"), ("startup_timeout_sec", "60"),
+                               # its calls need no approval (exec's policy is `never`)
+                               ("default_tools_approval_mode", '"approve"')):
+                wiring += ["-c", f"{server}{key}={value}"]
+        return [self.program, *self.args, *wiring, *extra, "-"]   # "-": the prompt on stdin
 
     def report(self, stdout: str) -> RunReport:
         text, inp, out = "", 0, 0
@@ -208,6 +259,10 @@ class Kiro(Preset):
 
 PRESETS: dict[Backend, Preset] = {Backend(p.name): p for p in (
     Claude(), Codex(), Gemini(), Kiro(), Amp(), Copilot(), Opencode())}
+
+
+def write_private(path: str, text: str) -> None:
+    write_atomic(path, text, "agent-config", durable=False)   # rewritten for each run
 
 
 def _json_lines(text: str):

@@ -9,7 +9,6 @@ events from it), and then every process it started is stopped (containment).
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import subprocess
 import threading
@@ -22,7 +21,7 @@ from session_store._atomic import open_private, read_nofollow
 
 from ..config import PromptMode
 from . import containment
-from .presets import ARG_LIMIT, Preset, RunReport, RunSetup
+from .presets import ARG_LIMIT, McpServer, Preset, RunReport, RunSetup
 
 
 @attrs.define
@@ -35,6 +34,7 @@ class Invocation:
     timeout: float
     ask_timeout: float = 600.0               # how long a human question may block a tool
     ended: Callable[[], None] = lambda: None  # the run is over: no event of it is taken
+    mcp: McpServer | None = None             # ralph's MCP server, where the CLI takes it
 
 
 @attrs.define
@@ -69,7 +69,8 @@ class CommandAgent:
             should_stop=None) -> Outcome:
         """Run to the end, the timeout, or until `should_stop()` (asked whenever `wakeup`
         is set, by the mailbox watcher or by the process exiting) returns a reason."""
-        setup = RunSetup(log_base=inv.log_base, ask_timeout_seconds=inv.ask_timeout)
+        setup = RunSetup(log_base=inv.log_base, ask_timeout_seconds=inv.ask_timeout,
+                         mcp=inv.mcp if self.preset.supports_mcp else None)
         argv = self.preset.argv(self.extra_args, setup)
         stdin_data = None
         mode = self.preset.prompt_mode
@@ -126,8 +127,10 @@ class CommandAgent:
                 inv.ended()
                 session_dir = inv.env.get(containment.SESSION_MARK, "")
                 run = inv.env.get(containment.RUN_MARK)
+                leader_ran = not exited.is_set()   # then it is among those stopped
                 left = containment.stop(lambda: containment.find(session_dir, run, proc.pid))
-                outcome.left_behind = max(0, left - (0 if exited.is_set() else 1))
+                outcome.left_behind = max(0, left - leader_ran)
+                containment.reap_orphans(proc.pid)
             outcome.exit_code = proc.wait()
         outcome.duration = time.monotonic() - started
         outcome.stdout = _read_log(inv.log_base + ".stdout")

@@ -21,9 +21,9 @@ def _terminate(_signum, _frame):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["emit"]:  # agents' hot path (engine/entry.py takes it before this module)
-        from ..emit import main as emit_main
+        from ..tools.emit import main as emit_main
         return emit_main(argv[1:])
-    from ..emit import is_text  # stdlib only: cheap
+    from ..tools.emit import is_text  # stdlib only: cheap
     bad = next((i for i, arg in enumerate(argv, 1) if not is_text(arg)), None)
     if bad is not None:   # bytes that are not UTF-8 reach Python as lone surrogates
         print(f"ralph: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The `ralph` argument parser: every command, its flags, and the handler it runs."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from . import agent_tools, sessions
@@ -20,7 +21,6 @@ EXIT_CODES = """exit codes:
 
 
 def build_parser():
-    import argparse  # not on `ralph emit`'s path
 
     class Parser(argparse.ArgumentParser):
         def __init__(self, *args, **kwargs):
@@ -37,7 +37,7 @@ def build_parser():
                         help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
     parser = Parser(prog="ralph", parents=[common],
                     description="Drive coding agents through a durable, human-steerable state machine.")
-    parser.add_argument("--version", action="version", version=f"ralph {_version()}",
+    parser.add_argument("--version", action=_Version, nargs=0,
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
                                 help="what to do (ralph COMMAND --help for its flags)")
@@ -199,7 +199,15 @@ def build_parser():
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.set_defaults(handler=agent_tools.cmd_interact_progress)
 
-    # `ralph emit ...` is parsed by engine/emit.py (stdlib only); this parser is its help,
+    p = sub.add_parser("mcp", parents=[common],
+                       help="for agents: the agent tools (emit, ask, progress, signals_poll, "
+                            "blocker, status) as an MCP server over stdio")
+    p.add_argument("--session", metavar="ID",
+                   help="the session (default: $RALPH_SESSION_DIR inside an agent run, then "
+                        "$RALPH_SESSION_ID, then the only open session)")
+    p.set_defaults(handler=agent_tools.cmd_mcp)
+
+    # `ralph emit ...` is parsed by engine/tools/emit.py (stdlib only); this parser is its help,
     # and runs it when flags come first (`ralph --workspace W emit ...`)
     p = sub.add_parser("emit", parents=[common],
                        help="for agents: append an event to the session's bus")
@@ -214,7 +222,7 @@ def build_parser():
 def _emit(args) -> int:
     import os
 
-    from ..emit import main as emit_main
+    from ..tools.emit import main as emit_main
     from .common import workspace
     os.environ["RALPH_WORKSPACE"] = workspace(args)
     argv = [args.topic] + ([args.payload] if args.payload is not None else []) \
@@ -227,6 +235,15 @@ def _print_help(parser) -> int:
     """`ralph` alone: the help, not an error."""
     parser.print_help()
     return 0
+
+
+class _Version(argparse.Action):
+    """--version: the package's metadata is read only when asked (importlib.metadata
+    costs every other command ~20 ms)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"ralph {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

@@ -1,1 +1,28 @@
-"""Test support: a scripted model server for the real agent CLIs, and its helpers."""
+"""Test support, imported by the tests as `support` (tests/ is on sys.path):
+
+    cli         the real `ralph` as a subprocess: ralph, spawn, finish, base_env, wait_for
+    disk        what a session left on disk: events, metadata, progress markers, prompts,
+                questions, signal files
+    scenarios   demo scenarios and configs, the outcomes that pass the gates (EVIDENCE),
+                and `start`: a session started on a scenario
+    sessions    a session created in-process (fixtures workspace, clock, session)
+    clock       FakeClock: the engine's clock, moved by the test
+    engines     an Engine in-process over a session, on the fake clock (imports the engine)
+    recording   RecordingAgent: the one in-process agent, scripted steps, invocations kept
+    agents, model_server   the real agent CLIs against a scripted model server
+
+The light modules are re-exported here; engines and recording are imported by name.
+"""
+from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
+from .clock import FakeClock
+from .disk import (events, metadata, only_session, progress_markers, prompts, question_files,
+                   session_dirs, signal_files, taken_marks, topics, transitions)
+from .scenarios import (DONE, EVIDENCE, QUALITY, REVIEW_OK, demo_config, plan, start,
+                        write_config, write_scenario)
+from .sessions import new_session
+
+__all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "spawn", "wait_for",
+           "FakeClock", "events", "metadata", "only_session", "progress_markers", "prompts",
+           "question_files", "session_dirs", "signal_files", "taken_marks", "topics",
+           "transitions", "DONE", "EVIDENCE", "QUALITY", "REVIEW_OK", "demo_config", "plan",
+           "start", "write_config", "write_scenario", "new_session"]

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RALPH, REPO, base_env
-
+from .cli import RALPH, REPO, base_env
 from .model_server import Brain, ModelServer
 
 AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
@@ -83,16 +82,6 @@ class Rig:
 
     def session_dir(self, sid: str = "real") -> Path:
         return self.ws / ".ralph-sessions" / sid
-
-
-def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"ralph did not finish within {timeout} s:\n{out}\n{err}")
-    return proc.returncode, out, err
 
 
 def processes_marked(session_dir: Path) -> list[tuple[int, str]]:

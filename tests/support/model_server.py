@@ -39,6 +39,13 @@ class Shell:
 
 
 @attrs.define
+class Tool:
+    """Call tool `name` of ralph's MCP server with `arguments`."""
+    name: str
+    arguments: dict
+
+
+@attrs.define
 class Say:
     """End the turn with this text."""
     text: str
@@ -76,7 +83,7 @@ class Brain:
     EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
                 "complexity: 3, duplication: pass")
 
-    def next(self, turn: Turn) -> Shell | Say:
+    def next(self, turn: Turn) -> Shell | Tool | Say:
         return getattr(self, turn.role or "other")(turn)
 
     def planner(self, turn: Turn) -> Shell | Say:
@@ -120,6 +127,7 @@ class ModelServer:
     def __init__(self, brain: Brain | None = None):
         self.brain = brain or Brain()
         self.requests: list[dict] = []
+        self.calls: list[str] = []     # every tool call it made: "shell" or "mcp:<tool>"
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         server = self
@@ -197,6 +205,13 @@ class ModelServer:
         with self._lock:
             return [json.dumps(r["body"]) for r in self.requests]
 
+    def _decide(self, prompt: str, outputs: list[str]) -> Shell | Tool | Say:
+        step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+        if not isinstance(step, Say):
+            with self._lock:
+                self.calls.append("shell" if isinstance(step, Shell) else f"mcp:{step.name}")
+        return step
+
     # --- Anthropic Messages ---
 
     def _anthropic(self, body: dict) -> list[tuple[str, dict]]:
@@ -210,7 +225,7 @@ class ModelServer:
                     prompt = block["text"]
                 elif block.get("type") == "tool_result":
                     outputs.append(_text_of(block.get("content")))
-        step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+        step = self._decide(prompt, outputs)
         n = next(self._ids)
         usage = {"input_tokens": self.INPUT_TOKENS, "output_tokens": self.OUTPUT_TOKENS,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
@@ -218,11 +233,12 @@ class ModelServer:
             "id": f"msg_{n}", "type": "message", "role": "assistant",
             "model": body.get("model", "scripted"), "content": [], "stop_reason": None,
             "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}})]
-        if isinstance(step, Shell):
-            block = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(
-                {"command": step.command, "description": "run a command",
-                 "timeout": step.timeout_ms})}
+        if isinstance(step, (Shell, Tool)):
+            name, arguments = ("Bash", {"command": step.command, "description": "run a command",
+                                        "timeout": step.timeout_ms}) \
+                if isinstance(step, Shell) else (f"mcp__ralph__{step.name}", step.arguments)
+            block = {"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(arguments)}
             stop = "tool_use"
         else:
             block = {"type": "text", "text": ""}
@@ -262,10 +278,12 @@ class ModelServer:
             item = _call(n, "write_stdin", {"session_id": int(running), "chars": "",
                                             "yield_time_ms": 30000})
         else:
-            step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+            step = self._decide(prompt, outputs)
             if isinstance(step, Shell):
                 item = _call(n, "exec_command", {"cmd": step.command,
                                                  "yield_time_ms": 30000})
+            elif isinstance(step, Tool):   # MCP tools come as a namespace of functions
+                item = {**_call(n, step.name, step.arguments), "namespace": "mcp__ralph"}
             else:
                 item = {"type": "message", "role": "assistant", "id": f"msg_{n}",
                         "content": [{"type": "output_text", "text": step.text,
@@ -300,7 +318,7 @@ class ModelServer:
                 elif "functionResponse" in part:
                     response = part["functionResponse"].get("response") or {}
                     outputs.append(_text_of(response.get("output") or response))
-        step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
+        step = self._decide(prompt, outputs)
         if isinstance(step, Shell):
             return self._gemini_reply([{"functionCall": {
                 "name": "run_shell_command",

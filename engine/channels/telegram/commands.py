@@ -15,7 +15,8 @@ import sys
 import threading
 from datetime import datetime, timezone
 
-from session_store import BadInput, Status, list_ids, load, make_dirs, questions, signals
+from session_store import (AlreadyAnswered, BadInput, QuestionCancelled, Status, list_ids, load,
+                           make_dirs, questions, signals)
 
 from . import router
 from .settings import Log
@@ -92,17 +93,17 @@ class Commands:
             return f"Session {sid} is gone: the answer could not be recorded."
         try:
             questions.answer(session.dir, qid, text, now=_utcnow(), channel="telegram")
+        except AlreadyAnswered:
+            try:
+                earlier = questions.read_answer(session.dir, qid)
+            except BadInput:
+                earlier = None
+            said = f" ({earlier.channel}): {clip(earlier.text, 300)}" if earlier else ""
+            return (f"Thank you, but question {qid} of session {sid} was already "
+                    f"answered{said}. Your reply changed nothing.")
+        except QuestionCancelled:
+            return f"Question {qid} of session {sid} was cancelled: it takes no answer now."
         except BadInput as e:
-            if "already answered" in str(e):
-                try:
-                    earlier = questions.read_answer(session.dir, qid)
-                except BadInput:
-                    earlier = None
-                said = f" ({earlier.channel}): {clip(earlier.text, 300)}" if earlier else ""
-                return (f"Thank you, but question {qid} of session {sid} was already "
-                        f"answered{said}. Your reply changed nothing.")
-            if "cancelled" in str(e):
-                return f"Question {qid} of session {sid} was cancelled: it takes no answer now."
             return f"Your answer could not be recorded: {e}"
         self.log(f"answer to question {qid} of session {sid} from chat {chat}")
         q = questions.load_question(session.dir, qid)
@@ -247,6 +248,8 @@ class Commands:
                 start_new_session=True)
         finally:
             os.close(fd)
+        from ...agents import containment
+        containment.spare(child.pid)   # not an agent's orphan: the engine started it
         # reaped the moment it ends (no zombie, no periodic check)
         threading.Thread(target=child.wait, name=f"reap-{child.pid}", daemon=True).start()
         self.log(f"resuming session {sid} (pid {child.pid}; output in {log_path})")

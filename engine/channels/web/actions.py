@@ -13,8 +13,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from session_store import (BadInput, Status, check_id, open_channel_log, questions,
-                           running_pid, signals)
+from session_store import (AlreadyAnswered, BadInput, Status, check_id, open_channel_log,
+                           questions, running_pid, signals)
 
 from ...views import answer_outcome
 from .reads import Problem, open_session
@@ -59,11 +59,13 @@ def answer(workspace: str, session_id: str, question_id: str, body: dict) -> dic
     text = _text(body.get("text"), "$.text", required=True)
     try:
         questions.answer(session.dir, question_id, text, now=_now(), channel="web")
-    except BadInput as e:
+    except AlreadyAnswered as e:
         earlier = questions.read_answer(session.dir, question_id)
-        if earlier is not None:
-            raise Problem(409, f"question {question_id} is already answered",
-                          answered_by=earlier.channel, answer=earlier.text) from None
+        if earlier is None:
+            raise Problem(409, str(e)) from None
+        raise Problem(409, f"question {question_id} is already answered",
+                      answered_by=earlier.channel, answer=earlier.text) from None
+    except BadInput as e:
         raise Problem(409, str(e)) from None
     question = questions.load_question(session.dir, question_id)
     return {"answered": question_id, "outcome": answer_outcome(session, question)}

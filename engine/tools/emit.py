@@ -38,9 +38,7 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
     if not args or len(args) > 2:
         raise EmitError(USAGE)
     topic = args[0]
-    if len(topic) > 200 or not TOPIC.fullmatch(topic):
-        raise EmitError(f"topic {topic[:80]!r}: expected dotted words like build.done "
-                        f"(letters, digits, _ and -)")
+    _check_topic(topic)   # the topic first: the payload's errors only for a good topic
     if json_text is not None and len(args) == 2:
         raise EmitError("give the payload as PAYLOAD or as --json, not both")
     if json_text is not None:
@@ -54,12 +52,37 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
             raise EmitError("--json: a \\ud800-style escape that is no character")
     else:
         payload = args[1] if len(args) == 2 else None
+    check(topic, payload, "--json")
+    return topic, payload
+
+
+def check(topic: str, payload, where: str = "payload") -> None:
+    """An event an agent may publish: a dotted topic, and the fields the engine reads
+    for `blocker` and `confidence` (EmitError says what is wrong)."""
+    _check_topic(topic)
     if topic in ("blocker", "confidence"):  # topics the engine reads field by field
-        from .event_schemas import VALIDATORS
+        from ..event_schemas import VALIDATORS
         problem = VALIDATORS[topic](payload)
         if problem:
-            raise EmitError(f"{topic} --json: {problem}")
-    return topic, payload
+            raise EmitError(f"{topic} {where}: {problem}")
+
+
+def _check_topic(topic: str) -> None:
+    if not isinstance(topic, str) or len(topic) > 200 or not TOPIC.fullmatch(topic):
+        raise EmitError(f"topic {str(topic)[:80]!r}: expected dotted words like build.done "
+                        f"(letters, digits, _ and -)")
+
+
+def publish(directory: str, topic: str, payload) -> dict:
+    """Append an agent's event to the session's bus, stamped from the run's environment
+    (role, iteration, state, run: an event of a run that is over is refused)."""
+    from session_store._events import append_event
+    iteration = os.environ.get("RALPH_ITERATION", "")
+    return append_event(directory, topic, payload,
+                        source=os.environ.get("RALPH_ROLE") or "cli",
+                        iteration=int(iteration) if iteration.isdigit() else None,
+                        state=os.environ.get("RALPH_STATE") or None,
+                        run=os.environ.get("RALPH_RUN_ID") or None)
 
 
 def is_text(value: str) -> bool:
@@ -118,7 +141,6 @@ def session_dir(session_id: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from session_store._events import append_event
     try:
         argv, session_id = take_session(argv)
         topic, payload = parse_args(argv)
@@ -126,14 +148,9 @@ def main(argv: list[str]) -> int:
     except EmitError as e:
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
-    iteration = os.environ.get("RALPH_ITERATION", "")
     from session_store._errors import BadInput
     try:
-        record = append_event(directory, topic, payload,
-                              source=os.environ.get("RALPH_ROLE") or "cli",
-                              iteration=int(iteration) if iteration.isdigit() else None,
-                              state=os.environ.get("RALPH_STATE") or None,
-                              run=os.environ.get("RALPH_RUN_ID") or None)
+        record = publish(directory, topic, payload)
     except BadInput as e:   # events.jsonl is a symlink, or the run is over: refused
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2

@@ -13,15 +13,29 @@ from datetime import timedelta
 
 from session_store import BadInput, RunOver, load, questions, resolve_id, run_over
 
-from . import config as cfg
-from .clock import SystemClock
-from .mailbox import watch
+from .. import config as cfg
+from ..clock import SystemClock
+from ..mailbox import watch
+
+
+class Waiting:
+    """A wait for an answer that another thread may end (the MCP server's: its call was
+    cancelled, or the server is stopping)."""
+
+    def __init__(self):
+        self.woken = threading.Event()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.woken.set()
 
 
 def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                  options: list[str], session_id: str | None, workspace: str,
-                 clock=None) -> tuple[str | None, bool]:
-    """(the answer, True) or (the default, False) on timeout."""
+                 clock=None, waiting: Waiting | None = None) -> tuple[str | None, bool]:
+    """(the answer, True) or (the default, False) on timeout. Without `waiting`, SIGTERM
+    (the run being stopped) ends the wait."""
     clock = clock or SystemClock()
     session = load(workspace, resolve_id(workspace, session_id))
     if timeout is None:
@@ -45,7 +59,9 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
     session.append_event("human.question", {"id": question.id, "text": text, "in_run": True,
                                             "deadline": question.deadline.isoformat()},
                          source=os.environ.get("RALPH_ROLE") or "cli")
-    woken = threading.Event()
+    on_term = waiting is None
+    waiting = waiting or Waiting()
+    woken = waiting.woken
 
     def changed(path: str) -> None:
         # only this question's files wake the agent: waking on every file of a write
@@ -54,9 +70,11 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
             woken.set()
     stop_watching = watch([os.path.join(session.dir, "answers"),
                            os.path.join(session.dir, "questions")], None, notify=changed)
-    previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term)
+    previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term) if on_term else None
     try:
         while True:
+            if waiting.cancelled:
+                raise KeyboardInterrupt
             answer = questions.read_answer(session.dir, question.id)
             if answer is not None:
                 questions.resolve(session.dir, question, questions.QuestionStatus.ANSWERED,
@@ -81,7 +99,8 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
         questions.mark_asker_gone(session.dir, question)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if on_term:
+            signal.signal(signal.SIGTERM, previous)
         # stopping the watcher joins watchdog's threads (up to ~20 ms): not on the way
         # from the answer to the agent
         threading.Thread(target=stop_watching, name="stop-watching", daemon=True).start()

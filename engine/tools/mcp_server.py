@@ -1,0 +1,177 @@
+"""`ralph mcp`: the agent's tools as an MCP server over stdio, bound to one session.
+
+The same verbs as `ralph emit` and `ralph tools ...`, with the same checks (the gates,
+the run's own lease: an event of a run that is over is refused) and the same one-line
+errors, returned as MCP tool errors. `ask` blocks until a human answers, and reports
+progress to the client meanwhile so that it does not give up. Built on the official
+`mcp` SDK; started for every agent run, so it imports the SDK and nothing else heavy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from session_store import BadInput, load
+
+from .emit import EmitError, check, publish
+from .interact import Waiting, ask_and_wait
+from .signals import poll
+
+# seconds between progress notifications while `ask` waits (tests shorten it)
+PROGRESS_EVERY = float(os.environ.get("RALPH_TEST_MCP_PROGRESS_EVERY") or 10.0)
+
+INSTRUCTIONS = (
+    "ralph runs you as one role (planner, executor, reviewer, librarian, questioner) of a "
+    "durable, human-steered session. Report your outcome with `emit` (the last event of "
+    "your run), ask a human with `ask` when only a human can decide, tell them how it goes "
+    "with `progress`, and take the guidance sent to you with `signals_poll` at your step "
+    "boundaries.")
+
+
+def build(session_dir: str) -> MCPServer:
+    workspace = os.path.dirname(os.path.dirname(session_dir))
+    session_id = os.path.basename(session_dir)
+    server = MCPServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
+    waits: set[Waiting] = set()
+
+    def publish_checked(topic: str, payload) -> str:
+        try:
+            check(topic, payload, "payload")
+            record = publish(session_dir, topic, payload)
+        except (EmitError, BadInput) as e:
+            raise ToolError(str(e)) from None
+        return f"emitted {topic} (seq {record['seq']})"
+
+    @server.tool(structured_output=False, description=(
+        "Publish an event on the session's bus: your role's outcome, e.g. plan.ready with "
+        "{\"tasks\": [{\"id\", \"title\", \"description\", \"batch\"}]}, build.done with "
+        "the evidence \"tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 85, "
+        "complexity: 4, duplication: pass\", build.blocked / task.failed with why, review.done "
+        "with \"tests: pass, build: pass\", review.rejected with what is wrong, "
+        "knowledge.staged, LOOP_COMPLETE when nothing is left, human.interact with a question "
+        "to be answered after this run. The outcome must be the last event of your run. "
+        "payload: a string or a JSON value."))
+    def emit(topic: str, payload: str | dict | list | int | float | bool | None = None) -> str:
+        return publish_checked(topic, payload)
+
+    @server.tool(structured_output=False, description=(
+        "Ask a human and wait for the answer (it may take minutes: keep waiting). Give "
+        "options and a default when you can. Returns the answer; when nobody answers in "
+        "time, returns the default (or says there is none), and you go on with it."))
+    async def ask(question: str, ctx: Context, options: list[str] | None = None,
+                  default: str | None = None, timeout_seconds: float | None = None) -> str:
+        import anyio
+        waiting = Waiting()
+        waits.add(waiting)
+        result: list = []
+        started = time.monotonic()
+
+        def wait() -> None:
+            try:
+                result.append(ask_and_wait(question, timeout=timeout_seconds, default=default,
+                                           options=options or [], session_id=session_id,
+                                           workspace=workspace, waiting=waiting))
+            except BaseException as e:   # noqa: BLE001 - handed to the async side
+                result.append(e)
+            finally:
+                waits.discard(waiting)   # only now: a stopping server waits for this
+
+        try:
+            async with anyio.create_task_group() as group:
+                async def report() -> None:
+                    while True:
+                        await anyio.sleep(PROGRESS_EVERY)
+                        await ctx.report_progress(time.monotonic() - started, None,
+                                                  "waiting for a human's answer")
+
+                group.start_soon(report)
+                await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
+                group.cancel_scope.cancel()
+        finally:
+            if not result:          # the call was cancelled: the answer goes to a next run
+                waiting.cancel()
+        outcome = result[0]
+        if isinstance(outcome, BadInput):
+            raise ToolError(str(outcome))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        answer, answered = outcome
+        if answered:
+            return answer
+        return f"no answer in time; the default: {answer}" if answer is not None else \
+            "no answer in time, and no default: decide yourself and note it"
+
+    @server.tool(structured_output=False, description="Tell the human how it goes (non-blocking, one line).")
+    def progress(message: str) -> str:
+        return publish_checked("human.progress", message).replace("emitted human.progress",
+                                                                  "progress noted")
+
+    @server.tool(structured_output=False, description=(
+        "Take the guidance (STEER / INFO) humans sent to your role while you run; call it "
+        "at your step boundaries. Also lists a PAUSE or ABORT the engine will act on."))
+    def signals_poll(role: str | None = None) -> str:
+        try:
+            return json.dumps(poll(session_dir, role or os.environ.get("RALPH_ROLE") or ""))
+        except BadInput as e:
+            raise ToolError(str(e)) from None
+
+    @server.tool(structured_output=False, description=(
+        "Report a blocker (last resort: a missing credential, access denied, a decision "
+        "only a human can make) with the seed 003 trace: {\"type\": \"blocker\", "
+        "\"timestamp\", \"project\", \"issue\", \"attempting\", \"cause\", "
+        "\"attempted_resolution\": [...], \"interpretation\"}. The same cause three times "
+        "pauses the session for a human."))
+    def blocker(trace: dict) -> str:
+        return publish_checked("blocker", trace)
+
+    @server.tool(structured_output=False, description="The session now: state, iteration, tasks, pending question.")
+    def status() -> str:
+        from ..views import session_view
+        try:
+            view = session_view(workspace, session_id, last_events=5)
+        except BadInput as e:
+            raise ToolError(str(e)) from None
+        return json.dumps(view, default=str)
+
+    def iteration():
+        return load(workspace, session_id).iteration()
+
+    @server.resource("ralph://plan", mime_type="text/markdown",
+                     description="The current iteration's plan.")
+    def plan() -> str:
+        return iteration().plan_text() or "(no plan yet)"
+
+    @server.resource("ralph://progress", mime_type="text/markdown",
+                     description="The current iteration's task markers (progress.md).")
+    def progress_md() -> str:
+        return iteration().progress_text() or "(no tasks yet)"
+
+    @server.resource("ralph://scratchpad", mime_type="text/markdown",
+                     description="The session's scratchpad: notes and human guidance.")
+    def scratchpad() -> str:
+        return load(workspace, session_id).scratchpad() or ""
+
+    def stop(_signum, _frame) -> None:
+        # the run is being stopped: a question waited on stays answerable, and its answer
+        # goes to the next run of this unit of work
+        for waiting in list(waits):
+            waiting.cancel()
+        deadline = time.monotonic() + 2
+        while waits and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    return server
+
+
+def serve(session_dir: str) -> None:
+    if not os.path.isdir(session_dir):
+        raise BadInput(f"{session_dir}: no such session directory")
+    build(session_dir).run("stdio")
+

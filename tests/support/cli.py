@@ -1,0 +1,60 @@
+"""The real `ralph`, run as a subprocess in a temporary workspace (the integration tier)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+RALPH = [sys.executable, "-m", "engine"]
+REPO = Path(__file__).resolve().parent.parent.parent
+FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
+
+
+def base_env(**extra) -> dict:
+    """This process's environment without any RALPH_* (but the demo's sleep scale), with
+    the repository importable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RALPH_") or k == "RALPH_DEMO_SLEEP_SCALE"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def ralph(ws: Path, *args, env: dict | None = None, timeout: float = 120,
+          input: str | None = None) -> subprocess.CompletedProcess:
+    """Run `ralph ARGS` in workspace `ws` and wait for it."""
+    return subprocess.run(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),
+                          capture_output=True, text=True, timeout=timeout, input=input)
+
+
+def spawn(ws: Path, *args, env: dict | None = None) -> subprocess.Popen:
+    """Start `ralph ARGS` in `ws` without waiting (stdout/stderr captured)."""
+    return subprocess.Popen(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
+    """Wait for a spawned `ralph`: (exit code, stdout, stderr); the test fails (and the
+    process is killed) if it does not end within `timeout` seconds."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"ralph did not finish in {timeout}s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")

@@ -1,0 +1,892 @@
+"""DESIGN §10: an agent process never outlives its run, and a run that is over is not heard.
+
+Every session here is the real `ralph` run as a subprocess, with stand-in agents (the
+`command` backend) that do what real agent CLIs and their tools do: start a command in
+a session of its own (`setsid`), double-fork a daemon, run behind a shell wrapper, trap
+SIGTERM to save their work (and try to emit while they do). No mocks: the processes are
+real, and are looked for in /proc, by the marks every run carries in its environment
+(RALPH_RUN_ID, RALPH_SESSION_DIR), with `engine.agents.containment.find`.
+
+Each agent records the processes it starts as `<pid> <starttime>` (field 22 of
+/proc/<pid>/stat), so a pid reused meanwhile is never taken for the process it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from support import (EVIDENCE, FAST, RALPH, base_env, events, finish, metadata, only_session,
+                     progress_markers, ralph, session_dirs, spawn, wait_for, write_config)
+from engine.agents import containment
+from engine.agents.presets import Claude, Codex, RunSetup
+
+# What every stand-in agent shares (written to the workspace as agentlib.py; the agents
+# import it: their own directory is first on sys.path).
+AGENTLIB = textwrap.dedent('''
+    import json, os, subprocess, sys, time
+
+    ENV = os.environ
+    ROLE = ENV.get("RALPH_ROLE", "")
+    WS = ENV["RALPH_WORKSPACE"]
+    RALPH = [sys.executable, "-m", "engine"]
+    EVIDENCE = %r
+
+    def emit(*args):
+        return subprocess.run(RALPH + ["emit", *args], capture_output=True, text=True)
+
+    def normal():
+        """The role's outcome: one task t1 planned, built, reviewed; then complete."""
+        if ROLE == "planner":
+            if ENV["RALPH_ITERATION"] == "1":
+                r = emit("plan.ready", "--json", '{"tasks": [{"id": "t1", "title": "T1"}]}')
+            else:
+                r = emit("LOOP_COMPLETE")
+        elif ROLE == "executor":
+            r = emit("build.done", EVIDENCE)
+        elif ROLE == "reviewer":
+            r = emit("review.done", "tests: pass, build: pass")
+        else:
+            return
+        if r.returncode != 0:
+            sys.exit("emit failed: " + r.stderr)
+
+    def path(name):
+        return os.path.join(WS, name)
+
+    def mark(name, text=""):
+        """Write a file of the workspace whole (the test polls for it)."""
+        tmp = path("." + name + ".tmp.%%d" %% os.getpid())
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, path(name))
+
+    def starttime(pid):
+        with open("/proc/%%d/stat" %% pid, "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2:].split()[19].decode()
+
+    def record(name, pid):
+        mark(name, "%%d %%s" %% (pid, starttime(pid)))
+
+    def wait_file(name, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path(name)):
+            if time.monotonic() > deadline:
+                sys.exit("never saw " + name)
+            time.sleep(0.02)
+
+    def setsid_sleep(seconds):
+        """A grandchild in a session of its own (what Claude Code's Bash tool does)."""
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            os.execvp("sleep", ["sleep", str(seconds)])
+        return pid
+
+    def daemon_sleep(seconds):
+        """A double-forked daemon: its parent is gone at once, it is nobody's child."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.write(w, str(os.getpid()).encode())
+                os.close(w)
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.execvp("sleep", ["sleep", str(seconds)])
+            os._exit(0)
+        os.close(w)
+        daemon = int(os.read(r, 64))
+        os.close(r)
+        os.waitpid(pid, 0)
+        return daemon
+''') % EVIDENCE
+
+
+def setup(ws: Path, agent: str, command: list[str] | None = None, **config) -> Path:
+    """The agent script `agent` (after `from agentlib import *`) as the command backend of
+    every role; the fallback assessor off (no human is there to ask)."""
+    (ws / "agentlib.py").write_text(AGENTLIB)
+    script = ws / "agent.py"
+    script.write_text("from agentlib import *\n" + textwrap.dedent(agent))
+    return write_config(ws, {"agent": {"backend": "command",
+                                       "command": command or [sys.executable, str(script)],
+                                       "prompt_mode": "stdin"},
+                             "fallback": {"enabled": False}, **config})
+
+
+def start(ws: Path, sid: str, **kw):
+    return ralph(ws, "session", "start", "contain every agent process", "--id", sid,
+                 env=base_env(**FAST), timeout=60, **kw)
+
+
+def spawn_start(ws: Path, sid: str) -> subprocess.Popen:
+    return spawn(ws, "session", "start", "contain every agent process", "--id", sid,
+                 env=base_env(**FAST))
+
+
+def recorded(ws: Path, name: str) -> tuple[int, str]:
+    pid, start_time = (ws / name).read_text().split()
+    return int(pid), start_time
+
+
+def alive(proc: tuple[int, str]) -> bool:
+    """The process recorded as (pid, starttime) is running (a zombie is not: it has
+    exited, only its parent has not reaped it)."""
+    pid, start_time = proc
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[0] != b"Z" and fields[19].decode() == start_time
+
+
+def marked(sd: Path, run: str | None = None) -> set[int]:
+    return containment.find(str(sd), run)
+
+
+def runs_of(sd: Path, name: str) -> list[str]:
+    """The run ids (log names) of `name` (e.g. executor-t1) in iteration 1, in order."""
+    logs = sd / "iterations/1/logs"
+    return sorted(p.name[:-len(".prompt.md")] for p in logs.glob(f"*-{name}.prompt.md"))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(workspace):
+    """Whatever a failing test leaves (marked with one of its sessions) is stopped."""
+    yield
+    for sd in session_dirs(workspace):
+        containment.stop(lambda sd=sd: containment.find(str(sd)), grace=0.5)
+
+
+# --- 1. a finished run: every process it started is stopped, however it hid ---
+
+def test_a_finished_runs_setsid_grandchildren_and_daemons_are_stopped(workspace):
+    ws = workspace
+    setup(ws, '''
+        if ROLE == "executor":
+            record("setsid.pid", setsid_sleep(300))
+            p = subprocess.Popen(["setsid", "sleep", "301"])   # util-linux setsid(1)
+            record("setsid1.pid", p.pid)
+            record("daemon.pid", daemon_sleep(302))
+            mine, deadline = os.getsid(0), time.monotonic() + 5
+            others = [int(open(path(n)).read().split()[0])
+                      for n in ("setsid.pid", "setsid1.pid", "daemon.pid")]
+            while any(os.getsid(o) == mine for o in others) and time.monotonic() < deadline:
+                time.sleep(0.01)   # setsid() is called in the child, a moment after fork
+            mark("sessions.json", json.dumps([os.getsid(o) != mine for o in others]))
+            mark("executor.run", ENV["RALPH_RUN_ID"])
+        elif ROLE == "reviewer":
+            # right after the executor's run: is anything of it still there?
+            from engine.agents import containment
+            left = containment.find(ENV["RALPH_SESSION_DIR"],
+                                    open(path("executor.run")).read())
+            mark("after-executor.json", json.dumps(sorted(left)))
+        normal()
+    ''')
+    r = start(ws, "c1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sd = only_session(ws)
+    procs = {name: recorded(ws, name) for name in ("setsid.pid", "setsid1.pid", "daemon.pid")}
+    # they were really started, and in sessions of their own
+    assert len({pid for pid, _ in procs.values()}) == 3
+    assert json.loads((ws / "sessions.json").read_text()) == [True, True, True]
+    assert json.loads((ws / "after-executor.json").read_text()) == []
+    assert not [name for name, proc in procs.items() if alive(proc)]
+    assert marked(sd) == set()
+    run = (ws / "executor.run").read_text()
+    assert run == runs_of(sd, "executor-t1")[0] and run.endswith("-executor-t1")
+    assert "stopped 3 process(es) the executor's run left running" in r.stdout
+    assert progress_markers(sd) == {"1": {"t1": "x"}}
+
+
+# --- 2. PAUSE: a wrapper's child gets its SIGTERM grace, then nothing is left ---
+
+CHILD = '''
+    import signal
+    if ROLE == "executor" and not os.path.exists(path("ready")):
+        def saved(signum, frame):
+            time.sleep(0.5)                       # saving partial work takes a while
+            mark("term.txt", "saved after SIGTERM %d" % signum)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, saved)
+        record("child.pid", os.getpid())
+        record("wrapper.pid", os.getppid())
+        mark("ready")
+        time.sleep(60)
+        sys.exit("never stopped")
+    normal()
+'''
+
+
+def test_pause_gives_a_wrapped_child_its_grace_and_leaves_nothing(workspace):
+    ws = workspace
+    # `sh -c "python child; ..."`: sh stays, as the run's first process, the child under it
+    setup(ws, CHILD, command=["sh", "-c", f"'{sys.executable}' '{ws}/agent.py'; echo wrapped"])
+    proc = spawn_start(ws, "p1")
+    wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    child, wrapper = recorded(ws, "child.pid"), recorded(ws, "wrapper.pid")
+    sd = only_session(ws)
+    run = runs_of(sd, "executor-t1")[0]
+    assert marked(sd, run) >= {child[0], wrapper[0]}
+    began = time.monotonic()
+    r = ralph(ws, "signal", "pause", "hold on")
+    assert r.returncode == 0, r.stderr
+    code, out, err = finish(proc)
+    assert code == 3, (out, err)
+    assert time.monotonic() - began < 10
+    # the child handled its SIGTERM to the end (0.5 s), within the 2 s grace
+    assert (ws / "term.txt").read_text() == f"saved after SIGTERM {int(signal.SIGTERM)}"
+    assert not alive(child) and not alive(wrapper)
+    assert marked(sd) == set()
+    m = metadata(sd)
+    assert m["status"] == "paused" and m["orchestrator"]["pause_reason"] == "hold on"
+
+
+# --- 3. a finished run's process emits during its SIGTERM grace: refused, not acted on ---
+
+LATE = '''
+    import signal, subprocess, sys
+    sys.path.insert(0, sys.argv[1])
+    from agentlib import *
+
+    def late(signum, frame):
+        r = emit("build.done", "late")
+        mark("late.json", json.dumps({"code": r.returncode, "stderr": r.stderr}))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, late)
+    mark("armed")
+    time.sleep(60)
+'''
+
+
+def test_an_emit_from_a_finished_run_is_refused_recorded_and_ignored(workspace):
+    ws = workspace
+    (ws / "late.py").write_text("import json, time\n" + textwrap.dedent(LATE))
+    setup(ws, f'''
+        if ROLE == "executor":
+            # a tool left running in a session of its own, that answers SIGTERM with an emit
+            subprocess.Popen([sys.executable, {str(ws / "late.py")!r}, WS],
+                             start_new_session=True)
+            wait_file("armed")
+            mark("executor.run", ENV["RALPH_RUN_ID"])
+        normal()
+    ''')
+    r = start(ws, "l1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sd = only_session(ws)
+    run = (ws / "executor.run").read_text()
+    late = json.loads((ws / "late.json").read_text())
+    assert late["code"] == 2
+    assert len(late["stderr"].strip().splitlines()) == 1 and "refused" in late["stderr"]
+    evs = events(sd)
+    [refused] = [e for e in evs if e["topic"] == "emit.refused"]
+    assert refused["run"] == run and refused["source"] == "executor"
+    assert refused["payload"]["topic"] == "build.done"
+    assert refused["payload"]["payload"] == "late"
+    assert f"run {run} is over" in refused["payload"]["why"]
+    # the engine took the real run's outcome only: a late build.done without evidence
+    # would have become a build.blocked and a second executor run
+    assert [e["payload"] for e in evs if e["topic"] == "build.done"] == [EVIDENCE]
+    assert not [e for e in evs if e["topic"] == "build.blocked"]
+    assert runs_of(sd, "executor-t1") == [run]
+    assert progress_markers(sd) == {"1": {"t1": "x"}}
+    assert marked(sd) == set()
+
+
+# --- 4. the run gate itself: the Lease, its runs, and emits from other processes ---
+
+def emit_as(ws: Path, sd: Path, run: str | None, *args: str) -> subprocess.CompletedProcess:
+    env = base_env(RALPH_SESSION_DIR=sd, **({"RALPH_RUN_ID": run} if run else {}))
+    return subprocess.run(RALPH + ["emit", *args], cwd=ws, env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def refused_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "refused" in line
+    return line
+
+
+def test_lease_opens_and_closes_runs_for_emitters(workspace):
+    from session_store import acquire_lock, create
+    ws = workspace
+    session = create(str(ws), "lease objective", now=datetime.now(timezone.utc),
+                     session_id="lease")
+    sd = Path(session.dir)
+    lease = acquire_lock(session.dir, "lease")
+    try:
+        lease.open_run("r1")
+        r = emit_as(ws, sd, "r1", "x.y", "from r1")
+        assert r.returncode == 0, r.stderr
+        last = events(sd)[-1]
+        assert (last["topic"], last["payload"], last["run"]) == ("x.y", "from r1", "r1")
+
+        line = refused_line(emit_as(ws, sd, "r2", "x.y", "from r2"))
+        assert "run r2 is over" in line and "run r1 is running now" in line
+        last = events(sd)[-1]
+        assert last["topic"] == "emit.refused" and last["run"] == "r2"
+        assert last["payload"]["topic"] == "x.y" and last["payload"]["payload"] == "from r2"
+
+        # a human at a terminal (no run): heard while a run is open
+        r = ralph(ws, "emit", "human.note", "by hand", "--session", "lease")
+        assert r.returncode == 0, r.stderr
+        assert events(sd)[-1]["topic"] == "human.note" and "run" not in events(sd)[-1]
+
+        lease.close_run()
+        line = refused_line(emit_as(ws, sd, "r1", "x.y", "after close"))
+        assert "run r1 is over" in line and "no run is open" in line
+        assert events(sd)[-1]["payload"]["why"].startswith("run r1 is over")
+    finally:
+        lease.release()
+    line = refused_line(emit_as(ws, sd, "r1", "x.y", "no engine"))
+    assert "no engine" in line
+    assert events(sd)[-1]["topic"] == "emit.refused"
+    assert "no engine" in events(sd)[-1]["payload"]["why"]
+    # and with no engine at all, a human is still heard
+    r = ralph(ws, "emit", "human.note", "still here", "--session", "lease")
+    assert r.returncode == 0, r.stderr
+    assert events(sd)[-1]["topic"] == "human.note"
+    assert events(sd)[-1]["payload"] == "still here"
+    seqs = [e["seq"] for e in events(sd)]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+RACER = textwrap.dedent('''
+    import json, os, sys, time
+    from session_store import RunOver
+    from session_store._events import append_event
+    sd, w, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    accepted = refused = 0
+    while refused < 20 and accepted + refused < 50000:
+        try:
+            append_event(sd, "race.tick", {"w": w, "i": accepted + refused}, run="r1",
+                         source="racer")
+            accepted += 1
+        except RunOver:
+            refused += 1
+    print(json.dumps({"accepted": accepted, "refused": refused}))
+''')
+
+
+def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
+    """Four processes emit for r1 as fast as they can while the run is closed: every
+    record before the cut is taken, every one after it refused, none lost."""
+    from session_store import acquire_lock, create
+    ws = workspace
+    session = create(str(ws), "race objective", now=datetime.now(timezone.utc),
+                     session_id="race")
+    sd = Path(session.dir)
+    lease = acquire_lock(session.dir, "race")
+    racers = []
+    try:
+        lease.open_run("r1")
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(sd), str(w),
+                                    str(ws / "go")], env=base_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for w in range(4)]
+        (ws / "go").touch()
+        wait_for(lambda: (sd / "events.jsonl").read_text().count('"race.tick"') >= 200,
+                 timeout=20)
+        lease.close_run()
+        results = []
+        for p in racers:
+            out, err = p.communicate(timeout=30)
+            assert p.returncode == 0, err
+            results.append(json.loads(out))
+    finally:
+        for p in racers:
+            if p.poll() is None:
+                p.kill()
+        lease.release()
+    attempts = sum(r["accepted"] + r["refused"] for r in results)
+    ticks = [e for e in events(sd) if e.get("source") == "racer"]
+    assert len(ticks) == attempts          # no record lost, none doubled
+    taken = [e for e in ticks if e["topic"] == "race.tick"]
+    refused = [e for e in ticks if e["topic"] == "emit.refused"]
+    assert len(taken) == sum(r["accepted"] for r in results) >= 200
+    assert len(refused) == sum(r["refused"] for r in results) == 80
+    assert max(e["seq"] for e in taken) < min(e["seq"] for e in refused)   # one cut
+    assert all(e["run"] == "r1" for e in ticks)
+    assert all(e["payload"]["why"].startswith("run r1 is over") for e in refused)
+    # each attempt of each racer is there once, in its order (a refused one keeps its payload)
+    sent = [e["payload"] if e["topic"] == "race.tick" else e["payload"]["payload"]
+            for e in ticks]
+    for w, result in enumerate(results):
+        assert [p["i"] for p in sent if p["w"] == w] == \
+            list(range(result["accepted"] + result["refused"]))
+    seqs = [e["seq"] for e in events(sd)]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+# --- 5. kill -9 of the engine: what its run left is stopped by the next start ---
+
+def test_what_a_killed_engines_run_left_is_stopped_on_resume(workspace):
+    ws = workspace
+    setup(ws, '''
+        if ROLE == "executor" and not os.path.exists(path("ready")):
+            record("grandchild.pid", setsid_sleep(300))
+            record("agent.pid", os.getpid())
+            mark("ready")
+            time.sleep(60)
+            sys.exit("the engine should have died first")
+        normal()
+    ''')
+    engine = spawn_start(ws, "k1")
+    try:
+        wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    finally:
+        engine.kill()
+        engine.communicate()
+    grandchild, agent = recorded(ws, "grandchild.pid"), recorded(ws, "agent.pid")
+    sd = only_session(ws)
+    # the agent dies with its engine (PR_SET_PDEATHSIG); its setsid'ed grandchild does not
+    wait_for(lambda: not alive(agent), timeout=5)
+    time.sleep(0.2)
+    assert alive(grandchild)
+    [killed_run] = runs_of(sd, "executor-t1")
+    assert grandchild[0] in marked(sd, killed_run)
+    r = ralph(ws, "session", "resume", "k1", env=base_env(**FAST), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped 1 process(es) left by an earlier engine's agent runs" in r.stdout
+    assert not alive(grandchild)
+    assert marked(sd) == set()
+    assert metadata(sd)["status"] == "completed"
+    assert progress_markers(sd) == {"1": {"t1": "x"}}
+    # the task ran again as a new run: nothing of the killed one is heard as the new one's
+    assert runs_of(sd, "executor-t1")[0] == killed_run
+    assert len(runs_of(sd, "executor-t1")) == 2
+    [built] = [e for e in events(sd) if e["topic"] == "build.done"]
+    assert built["run"] == runs_of(sd, "executor-t1")[1]
+
+
+# --- 6. an agent that cannot run here is refused before any session exists ---
+
+def one_line_refusal(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()
+    return line
+
+
+def test_an_agent_cli_not_installed_is_refused_up_front(workspace):
+    ws = workspace
+    empty = ws / "bin"           # a PATH with no claude on it (/usr/bin:/bin may have one)
+    empty.mkdir()
+    r = ralph(ws, "session", "start", "objective", "--id", "nc", "--agent", "claude",
+              env=base_env(PATH=empty))
+    line = one_line_refusal(r)
+    assert "claude" in line and "not installed" in line
+    assert not (ws / ".ralph-sessions" / "nc").exists()
+    assert session_dirs(ws) == []
+
+
+def test_a_command_that_does_not_exist_is_refused_up_front(workspace):
+    ws = workspace
+    write_config(ws, {"agent": {"backend": "command", "command": [str(ws / "no-such-agent")]}})
+    line = one_line_refusal(ralph(ws, "session", "start", "objective", "--id", "nx"))
+    assert "no-such-agent" in line and "not installed" in line
+    assert session_dirs(ws) == []
+
+
+def test_a_command_that_cannot_be_started_pauses_with_why(workspace):
+    """On the PATH and executable, but its interpreter is missing: execve fails in each
+    of the four runs, and the pause says so."""
+    ws = workspace
+    agent = ws / "agent.sh"
+    agent.write_text("#!/no/such/interpreter\necho never\n")
+    agent.chmod(0o755)
+    write_config(ws, {"agent": {"backend": "command", "command": [str(agent)]},
+                      "fallback": {"enabled": False}})
+    r = start(ws, "ni")
+    assert r.returncode == 3, r.stdout + r.stderr
+    sd = only_session(ws)
+    reason = metadata(sd)["orchestrator"]["pause_reason"]
+    assert "last exit code 127" in reason and str(agent) in reason
+    assert "No such file or directory" in reason
+    logs = sd / "iterations/1/logs"
+    stderr = sorted(logs.glob("*-planner.stderr"))
+    assert len(stderr) == 4
+    assert all(f"cannot start {agent}" in p.read_text() for p in stderr)
+
+
+# --- 7. a failing agent: retried, then paused with its own last words ---
+
+def test_a_failing_agent_pauses_with_its_last_stderr_line(workspace):
+    ws = workspace
+    setup(ws, '''
+        print("connecting to the model...", file=sys.stderr)
+        print("fatal: no credentials for the model", file=sys.stderr)
+        sys.exit(1)
+    ''')
+    r = start(ws, "f1")
+    assert r.returncode == 3, r.stdout + r.stderr
+    sd = only_session(ws)
+    assert len(runs_of(sd, "planner")) == 4
+    reason = metadata(sd)["orchestrator"]["pause_reason"]
+    assert "fatal: no credentials for the model" in reason and "exit code 1" in reason
+    status = ralph(ws, "session", "status", "f1")
+    assert status.returncode == 0, status.stderr
+    assert "fatal: no credentials for the model" in status.stdout
+    view = json.loads(ralph(ws, "session", "status", "f1", "--json").stdout)
+    assert view["pause_reason"] == reason
+    assert marked(sd) == set()
+
+
+# --- 8. presets on real-shaped output ---
+
+def _assistant(mid: str, content: list[dict], **usage) -> str:
+    return json.dumps({"type": "assistant", "session_id": "s-1", "parent_tool_use_id": None,
+                       "message": {"id": mid, "type": "message", "role": "assistant",
+                                   "model": "claude-sonnet-4-5", "content": content,
+                                   "stop_reason": None, "usage": usage}})
+
+
+CLAUDE_STREAM = "\n".join([
+    json.dumps({"type": "system", "subtype": "init", "session_id": "s-1", "cwd": "/w",
+                "tools": ["Bash", "Read"], "model": "claude-sonnet-4-5"}),
+    # one message streamed as two lines (text, then a tool call), with the same id
+    _assistant("msg_01", [{"type": "text", "text": "Let me look at the tests."}],
+               input_tokens=10, cache_creation_input_tokens=200,
+               cache_read_input_tokens=3000, output_tokens=5),
+    _assistant("msg_01", [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                           "input": {"command": "pytest -q"}}],
+               input_tokens=10, cache_creation_input_tokens=200,
+               cache_read_input_tokens=3000, output_tokens=40),
+    json.dumps({"type": "user", "message": {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3 passed"}]}}),
+    _assistant("msg_02", [{"type": "text", "text": "All three pass."}],
+               input_tokens=12, cache_read_input_tokens=3300, output_tokens=80),
+])
+CLAUDE_RESULT = json.dumps({
+    "type": "result", "subtype": "success", "is_error": False, "duration_ms": 8123,
+    "num_turns": 2, "result": "All three pass, the task is done.", "session_id": "s-1",
+    "total_cost_usd": 0.0421,
+    "usage": {"input_tokens": 22, "cache_creation_input_tokens": 200,
+              "cache_read_input_tokens": 6300, "output_tokens": 125}})
+
+
+def test_claude_report_of_a_run_stopped_midway_keeps_its_tokens():
+    # stopped before its result line, the last line cut off mid-write
+    report = Claude().report(CLAUDE_STREAM + "\n" + '{"type": "assistant", "message": {"id"')
+    assert report.input_tokens == (10 + 200 + 3000) + (12 + 3300)
+    assert report.output_tokens == 40 + 80        # msg_01 counted once, at its last usage
+    assert report.cost_usd is None                 # priced from the tokens by the runner
+    assert report.text == "All three pass."
+
+
+def test_claude_report_result_line_wins():
+    report = Claude().report(CLAUDE_STREAM + "\n" + CLAUDE_RESULT + "\n")
+    assert report.text == "All three pass, the task is done."
+    assert (report.input_tokens, report.output_tokens) == (22 + 200 + 6300, 125)
+    assert report.cost_usd == pytest.approx(0.0421)
+
+
+def test_codex_report_sums_turns_and_keeps_the_last_message():
+    stream = "\n".join([
+        "Reading prompt from stdin...",
+        json.dumps({"type": "thread.started", "thread_id": "0199-abc"}),
+        json.dumps({"type": "turn.started"}),
+        json.dumps({"type": "item.completed", "item": {"id": "item_0", "type": "reasoning",
+                                                       "text": "**Planning the change**"}}),
+        json.dumps({"type": "item.completed", "item": {
+            "id": "item_1", "type": "command_execution", "command": "bash -lc 'pytest -q'",
+            "aggregated_output": "3 passed\n", "exit_code": 0, "status": "completed"}}),
+        json.dumps({"type": "item.completed", "item": {"id": "item_2", "type": "agent_message",
+                                                       "text": "Tests pass."}}),
+        json.dumps({"type": "turn.completed", "usage": {
+            "input_tokens": 1000, "cached_input_tokens": 800, "output_tokens": 50}}),
+        json.dumps({"type": "turn.started"}),
+        json.dumps({"type": "item.completed", "item": {"id": "item_3", "type": "agent_message",
+                                                       "text": "Done.\nLOOP_COMPLETE"}}),
+        json.dumps({"type": "turn.completed", "usage": {
+            "input_tokens": 1500, "cached_input_tokens": 1200, "output_tokens": 70}}),
+    ])
+    report = Codex().report(stream + "\n")
+    assert report.text == "Done.\nLOOP_COMPLETE"
+    assert (report.input_tokens, report.output_tokens) == (2500, 120)
+    assert report.cost_usd is None
+
+
+@pytest.mark.parametrize("ask_seconds, default_ms, most_ms", [
+    (30, 120_000, 600_000),             # 90 s: below both of the Bash tool's own
+    (3600, 3_660_000, 3_660_000),       # an hour's question, and a minute more
+])
+def test_claude_bash_timeouts_outlast_a_question(ask_seconds, default_ms, most_ms):
+    env = Claude().env(RunSetup(log_base="/nonexistent/0001-planner",
+                                ask_timeout_seconds=ask_seconds))
+    assert int(env["BASH_DEFAULT_TIMEOUT_MS"]) == default_ms
+    assert int(env["BASH_MAX_TIMEOUT_MS"]) == most_ms
+
+
+FAKE_CLAUDE = '''
+    # a stand-in `claude` on the PATH: records its environment, does the role's work,
+    # prints stream-json like Claude Code
+    mark("claude-env-" + ROLE, json.dumps({k: ENV.get(k) for k in
+                                           ("BASH_DEFAULT_TIMEOUT_MS", "BASH_MAX_TIMEOUT_MS")}))
+    sys.stdin.read()
+    normal()
+    print(%r)
+    print(%r)
+'''
+
+
+def test_a_claude_on_the_path_runs_with_its_timeouts_and_its_costs_land(workspace):
+    ws = workspace
+    bin_dir = ws / "bin"
+    bin_dir.mkdir()
+    (ws / "agentlib.py").write_text(AGENTLIB)
+    claude = bin_dir / "claude"
+    claude.write_text(f"#!{sys.executable}\nimport json, sys\nsys.path.insert(0, {str(ws)!r})\n"
+                      "from agentlib import *\n"
+                      + textwrap.dedent(FAKE_CLAUDE % (CLAUDE_STREAM, CLAUDE_RESULT)))
+    claude.chmod(0o755)
+    write_config(ws, {"agent": {"backend": "claude", "mcp": False},
+                      "RObot": {"timeout_seconds": 3600}, "fallback": {"enabled": False}})
+    r = ralph(ws, "session", "start", "objective", "--id", "cl",
+              env=base_env(PATH=f"{bin_dir}:/usr/bin:/bin"), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for role in ("planner", "executor", "reviewer"):
+        env = json.loads((ws / f"claude-env-{role}").read_text())
+        assert env == {"BASH_DEFAULT_TIMEOUT_MS": "3660000", "BASH_MAX_TIMEOUT_MS": "3660000"}
+    usage = metadata(only_session(ws))["usage"]
+    runs = usage["agent_invocations"]
+    assert usage["output_tokens"] == 125 * runs
+    assert usage["cost_usd"] == pytest.approx(0.0421 * runs)
+
+
+# --- every way a run ends: ABORT, timeout, the engine stopped by a signal ---
+
+TRAPPING = """
+    import signal
+    if ROLE == "executor" and not os.path.exists(path("ready")):
+        def saved(signum, frame):
+            time.sleep(0.3)                       # saving partial work
+            mark("term.txt", "saved")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, saved)
+        record("grandchild.pid", setsid_sleep(300))
+        record("daemon.pid", daemon_sleep(301))
+        record("agent.pid", os.getpid())
+        mark("ready")
+        time.sleep(60)
+        sys.exit("never stopped")
+    normal()
+"""
+
+
+def stopped_cleanly(ws: Path, sd: Path) -> None:
+    """The trapping agent saved its work within the grace; it, its setsid'ed grandchild
+    and its daemon are gone; nothing carries the session's mark."""
+    procs = [recorded(ws, n) for n in ("grandchild.pid", "daemon.pid", "agent.pid")]
+    assert (ws / "term.txt").read_text() == "saved"
+    assert not [p for p in procs if alive(p)]
+    assert marked(sd) == set()
+
+
+def test_abort_stops_every_process_of_the_run(workspace):
+    ws = workspace
+    setup(ws, TRAPPING)
+    proc = spawn_start(ws, "a1")
+    wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    assert ralph(ws, "signal", "abort", "wrong way").returncode == 0
+    code, out, err = finish(proc)
+    assert code == 4, (out, err)
+    sd = only_session(ws)
+    stopped_cleanly(ws, sd)
+    assert metadata(sd)["status"] == "aborted"
+
+
+def test_a_timed_out_run_is_stopped_whole(workspace):
+    ws = workspace
+    setup(ws, TRAPPING)
+    config = ws / "ralph.yml"
+    config.write_text(config.read_text().replace("prompt_mode: stdin",
+                                                 "prompt_mode: stdin\n  timeout_seconds: 1.5"))
+    began = time.monotonic()
+    r = start(ws, "to")
+    # the only task timed out: its batch failed whole, which pauses (DESIGN §11)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert time.monotonic() - began < 10
+    sd = only_session(ws)
+    stopped_cleanly(ws, sd)
+    assert "the executor timed out" in metadata(sd)["orchestrator"]["pause_reason"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_engine_stopped_by_a_signal_leaves_nothing_running(workspace, sig, code):
+    ws = workspace
+    setup(ws, TRAPPING)
+    proc = spawn_start(ws, "e1")
+    wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    proc.send_signal(sig)
+    got, out, err = finish(proc)
+    assert got == code, (out, err)
+    sd = only_session(ws)
+    stopped_cleanly(ws, sd)
+    # resumable, and the next engine finds nothing to stop
+    r = ralph(ws, "session", "resume", "e1", env=base_env(**FAST), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "left by an earlier engine" not in r.stdout
+    assert metadata(sd)["status"] == "completed"
+
+
+def test_a_run_ignoring_sigterm_is_killed_after_the_grace(workspace):
+    ws = workspace
+    setup(ws, """
+        import signal
+        if ROLE == "executor" and not os.path.exists(path("ready")):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            record("grandchild.pid", setsid_sleep(300))
+            record("agent.pid", os.getpid())
+            mark("ready")
+            time.sleep(60)
+            sys.exit("never stopped")
+        normal()
+    """)
+    proc = spawn_start(ws, "i1")
+    wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    began = time.monotonic()
+    assert ralph(ws, "signal", "pause", "stop").returncode == 0
+    code, out, err = finish(proc)
+    took = time.monotonic() - began
+    assert code == 3, (out, err)
+    # the grace was waited for (the agent might have been saving its work), no longer
+    assert containment.GRACE_SECONDS <= took < containment.GRACE_SECONDS + 5
+    sd = only_session(ws)
+    assert not alive(recorded(ws, "agent.pid")) and not alive(recorded(ws, "grandchild.pid"))
+    assert marked(sd) == set()
+
+
+# --- what the engine reports it stopped ---
+
+def test_the_console_counts_what_a_stopped_run_left_not_the_run_itself(workspace):
+    ws = workspace
+    setup(ws, TRAPPING)
+    config = ws / "ralph.yml"
+    config.write_text(config.read_text().replace("prompt_mode: stdin",
+                                                 "prompt_mode: stdin\n  timeout_seconds: 1.5"))
+    r = start(ws, "cn")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "stopped 2 process(es) the executor's run left running" in r.stdout, r.stdout
+
+
+# --- processes that carry no mark: found only through the run's process tree ---
+
+STUBBORN = """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stat = open("/proc/self/stat").read()
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write("%d %s" % (os.getpid(), stat[stat.rfind(")") + 2:].split()[19]))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(300)
+"""
+
+
+def kill_if_alive(proc: tuple[int, str]) -> None:
+    if alive(proc):
+        os.kill(proc[0], signal.SIGKILL)
+
+
+def test_an_unmarked_descendant_is_killed_even_when_its_parents_die_first(workspace):
+    ws = workspace
+    (ws / "stubborn.py").write_text(textwrap.dedent(STUBBORN))
+    setup(ws, f"""
+        if ROLE == "executor" and not os.path.exists(path("ready")):
+            record("wrapper.pid", os.getppid())
+            subprocess.Popen(["env", "-i", sys.executable, {str(ws / "stubborn.py")!r},
+                              path("stubborn.pid")])
+            wait_file("stubborn.pid")
+            mark("ready")
+            time.sleep(60)
+        normal()
+    """, command=["sh", "-c", f"'{sys.executable}' '{ws}/agent.py'; echo wrapped"])
+    proc = spawn_start(ws, "u1")
+    wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    stubborn, wrapper = recorded(ws, "stubborn.pid"), recorded(ws, "wrapper.pid")
+    try:
+        sd = only_session(ws)
+        run = runs_of(sd, "executor-t1")[0]
+        assert stubborn[0] not in marked(sd)            # no mark: only the tree has it
+        assert stubborn[0] in containment.find(str(sd), run, root=wrapper[0])
+        assert ralph(ws, "signal", "pause", "stop").returncode == 0
+        code, out, err = finish(proc)
+        assert code == 3, (out, err)
+        assert not alive(stubborn)
+    finally:
+        kill_if_alive(stubborn)
+
+
+def test_an_unmarked_daemon_of_a_finished_run_is_stopped(workspace):
+    ws = workspace
+    setup(ws, """
+        if ROLE == "executor":
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    record("envless.pid", os.getpid())
+                    os.execvp("env", ["env", "-i", "sleep", "300"])
+                os._exit(0)
+            os.waitpid(pid, 0)
+            wait_file("envless.pid")
+        normal()
+    """)
+    r = start(ws, "d1")
+    envless = recorded(ws, "envless.pid")
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert envless[0] not in marked(only_session(ws))
+        assert not alive(envless)
+    finally:
+        kill_if_alive(envless)
+
+
+# --- the session's mark is its directory's path: as the engine spells it ---
+
+def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(workspace,
+                                                                          tmp_path):
+    ws = workspace
+    link = tmp_path / "link"
+    link.symlink_to(ws)
+    setup(ws, """
+        if ROLE == "executor" and not os.path.exists(path("ready")):
+            record("grandchild.pid", setsid_sleep(300))
+            mark("ready")
+            time.sleep(60)
+        normal()
+    """)
+    # started as RALPH_WORKSPACE=<the link>, killed, resumed from the real directory
+    engine = subprocess.Popen(RALPH + ["session", "start", "objective", "--id", "sy"],
+                              cwd=ws, env=base_env(RALPH_WORKSPACE=link, **FAST),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    finally:
+        engine.kill()
+        engine.communicate()
+    grandchild = recorded(ws, "grandchild.pid")
+    try:
+        assert grandchild[0] in marked(link / ".ralph-sessions" / "sy")
+        r = ralph(ws, "session", "resume", "sy", env=base_env(**FAST), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not alive(grandchild), r.stdout
+    finally:
+        kill_if_alive(grandchild)

@@ -1,0 +1,162 @@
+"""`ralph mcp` through the official MCP SDK's own client, over stdio, against real
+sessions: every tool, the resources, errors as tool errors, a blocking `ask` answered by
+`ralph session answer` while the call waits (with progress notifications), and the run
+gate (an event of a run that is over is refused)."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from engine.clock import SystemClock
+from session_store import acquire_lock, create
+from support import EVIDENCE, RALPH, base_env, events, ralph, wait_for
+
+
+@pytest.fixture
+def session(workspace):
+    s = create(str(workspace), "serve the tools", now=SystemClock().now(), session_id="m1")
+    return s
+
+
+@asynccontextmanager
+async def client(workspace, **env):
+    params = StdioServerParameters(command=RALPH[0], args=[*RALPH[1:], "mcp", "--session", "m1"],
+                                   cwd=str(workspace), env=base_env(**env))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            yield s
+
+
+def run(coro_fn):
+    return anyio.run(coro_fn)
+
+
+def test_tools_and_resources_are_listed_with_descriptions(workspace, session):
+    async def go():
+        async with client(workspace) as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            resources = [str(r.uri) for r in (await s.list_resources()).resources]
+            return tools, resources
+    tools, resources = run(go)
+    assert set(tools) == {"emit", "ask", "progress", "signals_poll", "blocker", "status"}
+    assert all(len(t.description) > 30 for t in tools.values())
+    assert tools["ask"].input_schema["required"] == ["question"]
+    assert set(tools["emit"].input_schema["properties"]) == {"topic", "payload"}
+    assert resources == ["ralph://plan", "ralph://progress", "ralph://scratchpad"]
+
+
+def test_emit_lands_once_with_the_gates_and_errors_are_tool_errors(workspace, session):
+    async def go():
+        async with client(workspace, RALPH_ROLE="executor") as s:
+            done = await s.call_tool("emit", {"topic": "build.done", "payload": EVIDENCE})
+            blocked = await s.call_tool("emit", {"topic": "review.done",
+                                                 "payload": {"tests": "pass"}})
+            bad = await s.call_tool("emit", {"topic": "not a topic"})
+            trace = await s.call_tool("blocker", {"trace": {"type": "blocker"}})
+            note = await s.call_tool("progress", {"message": "half way"})
+            return done, blocked, bad, trace, note
+    done, blocked, bad, trace, note = run(go)
+    assert not done.is_error and "emitted build.done" in done.content[0].text
+    assert not blocked.is_error        # the engine's gate judges it when it collects the run
+    assert bad.is_error and "expected dotted words like build.done" in bad.content[0].text
+    assert trace.is_error and "$." in trace.content[0].text    # the seed 003 schema, by path
+    assert not note.is_error and "progress noted" in note.content[0].text
+    evs = events(workspace / ".ralph-sessions" / "m1")
+    topics = [e["topic"] for e in evs]
+    assert topics.count("build.done") == 1 and "human.progress" in topics
+    assert next(e for e in evs if e["topic"] == "build.done")["source"] == "executor"
+    assert "blocker" not in topics
+
+
+def test_an_event_of_a_run_that_is_over_is_refused(workspace, session):
+    lease = acquire_lock(session.dir, "m1")
+    lease.open_run("0007-executor-t1")
+    try:
+        async def go(run_id):
+            async with client(workspace, RALPH_RUN_ID=run_id, RALPH_SESSION_DIR=session.dir,
+                              RALPH_ROLE="executor") as s:
+                return await s.call_tool("emit", {"topic": "build.done", "payload": EVIDENCE})
+        live = anyio.run(go, "0007-executor-t1")
+        lease.close_run()
+        late = anyio.run(go, "0007-executor-t1")
+    finally:
+        lease.release()
+    assert not live.is_error, live.content[0].text
+    assert late.is_error and "refused" in late.content[0].text and "is over" in \
+        late.content[0].text
+    refused = [e for e in events(workspace / ".ralph-sessions" / "m1")
+               if e["topic"] == "emit.refused"]
+    assert len(refused) == 1 and refused[0]["run"] == "0007-executor-t1"
+
+
+def test_ask_blocks_until_answered_from_the_cli_with_progress(workspace, session):
+    answered, progress = {}, []
+
+    def answer_when_asked():
+        qdir = workspace / ".ralph-sessions" / "m1" / "questions"
+        wait_for(lambda: list(qdir.glob("*.yaml")), timeout=30)
+        wait_for(lambda: progress, timeout=30)   # the client heard it is still waiting
+        r = ralph(workspace, "session", "answer", "m1", "2")   # option 2
+        answered["cli"] = r
+
+    async def go():
+        async with client(workspace, RALPH_TEST_MCP_PROGRESS_EVERY="0.2") as s:
+            threading.Thread(target=answer_when_asked, daemon=True).start()
+
+            async def on_progress(p, total, message):
+                progress.append(p)
+            return await s.call_tool("ask", {"question": "Which database?",
+                                             "options": ["sqlite", "postgres"],
+                                             "timeout_seconds": 60},
+                                     progress_callback=on_progress)
+    result = run(go)
+    assert answered["cli"].returncode == 0, answered["cli"].stderr
+    assert not result.is_error and result.content[0].text == "postgres"
+    assert progress, "no progress notification while it waited"
+    evs = events(workspace / ".ralph-sessions" / "m1")
+    assert [e["topic"] for e in evs].count("human.question") == 1
+
+
+def test_ask_times_out_to_its_default(workspace, session):
+    async def go():
+        async with client(workspace) as s:
+            return await s.call_tool("ask", {"question": "Go on?", "default": "yes",
+                                             "timeout_seconds": 0.5})
+    result = run(go)
+    assert not result.is_error and "no answer in time; the default: yes" in \
+        result.content[0].text
+
+
+def test_status_signals_and_resources_read_the_session(workspace, session):
+    ralph(workspace, "signal", "steer", "use sqlite", "--session", "m1", "--target", "Executor")
+
+    async def go():
+        async with client(workspace, RALPH_ROLE="executor") as s:
+            status = await s.call_tool("status", {})
+            polled = await s.call_tool("signals_poll", {})
+            wrong = await s.call_tool("signals_poll", {"role": "janitor"})
+            scratch = await s.read_resource("ralph://scratchpad")
+            plan = await s.read_resource("ralph://plan")
+            return status, polled, wrong, scratch, plan
+    status, polled, wrong, scratch, plan = run(go)
+    view = json.loads(status.content[0].text)
+    assert view["session_id"] == "m1" and view["state"] == "PLANNING"
+    taken = json.loads(polled.content[0].text)["signals"]
+    assert [s["message"] for s in taken] == ["use sqlite"]
+    assert wrong.is_error and "expected one of" in wrong.content[0].text
+    assert scratch.contents[0].text.startswith("# Scratchpad")
+    assert plan.contents[0].text == "(no plan yet)"
+
+
+def test_an_unknown_session_is_one_line_and_exit_2(workspace):
+    r = ralph(workspace, "mcp", "--session", "nope")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
+    assert os.path.exists(workspace) and not (workspace / ".ralph-sessions" / "nope").exists()
