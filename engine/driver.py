@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-from session_store import PauseKind, Session, State, Status, acquire_lock
+from session_store import DiskFault, PauseKind, Session, State, Status, acquire_lock
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -95,7 +95,10 @@ class Engine:
             if message:
                 self.mailbox.add_message(message)
             self.runner.lease = lease
-            return self._run(resume)
+            try:
+                return self._run(resume)
+            except DiskFault as fault:
+                return self._stopped_by_disk(fault)
         finally:
             self.runner.lease = None
             lease.release()
@@ -109,6 +112,8 @@ class Engine:
         left = containment.stop(lambda: containment.find(d))
         if left:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
+        self.session.clear_disk_fault()   # a disk that refused writes works again
+        self.session.keep_reserve()
         # the session's own directory too: what agents append to the bus while they run
         # (in-run questions, progress notes) is shown as it lands
         stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
@@ -138,6 +143,19 @@ class Engine:
             stop_watching()
             self.console.stop()
         return self.exit_code()
+
+    def _stopped_by_disk(self, fault: DiskFault) -> int:
+        """The disk refused a write: stop here, as a crash would (everything written so
+        far is whole, and `resume` recovers from it as from a kill), after recording why
+        in the room kept aside. Exit 3: resumable once the disk is healthy."""
+        self.session.release_reserve()
+        try:
+            self.session.mark_disk_fault(fault, self.clock.now())
+        except (DiskFault, OSError):
+            pass   # not even that fits (a read-only disk): the console says it
+        self.say(f"paused: {fault}; free space or repair the disk, then: "
+                 f"ralph session resume {self.session.id}")
+        return 3
 
     def fire(self, nxt: Next) -> None:
         """Fire `nxt`, or what a hook decided instead (a PAUSE or ABORT taken, a timeout

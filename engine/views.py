@@ -26,17 +26,18 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     m = session.metadata
     it = session.iteration()
     pid = running_pid(session.dir)
+    status, reason = _standing_on_disk(session, pid)
     return {
         "session_id": m.session_id,
         "objective": m.objective,
         "state": m.orchestrator.state.value,
         "previous_state": m.orchestrator.previous_state.value if m.orchestrator.previous_state else None,
-        "status": m.status.value,
+        "status": status,
         "running": pid is not None,
         "engine_pid": pid,
         "iteration": m.iteration,
         "batch": m.batch,
-        "pause_reason": m.orchestrator.pause_reason,
+        "pause_reason": reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         "resume_command": _resume_command(m, pid is not None),
         "tasks": unstructure(_live_counts(it, m)),
@@ -55,6 +56,16 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
         "last_events": tail_events(session.dir, last_events),
     }
+
+
+def _standing_on_disk(session, pid) -> tuple[str, str | None]:
+    """(status, pause reason): an engine that stopped because its disk refused a write
+    left the session paused for that reason (until a resume clears it)."""
+    m = session.metadata
+    fault = session.disk_fault() if pid is None else None
+    if fault is not None and m.status is Status.ACTIVE:
+        return "paused", f"{fault.get('reason')} (at {fault.get('at')})"
+    return m.status.value, m.orchestrator.pause_reason
 
 
 def _live_counts(it, m):
@@ -160,16 +171,19 @@ def list_views(workspace: str) -> list[dict]:
     views = []
     for sid in list_ids(workspace):
         try:
-            m = load(workspace, sid).metadata
+            session = load(workspace, sid)
         except BadInput as e:
             views.append({"session_id": sid, "error": str(e)})
             continue
+        m = session.metadata
         previous = m.orchestrator.previous_state
+        pid = running_pid(session.dir)
+        status, reason = _standing_on_disk(session, pid)
         views.append({
-            "session_id": sid, "state": m.orchestrator.state.value, "status": m.status.value,
+            "session_id": sid, "state": m.orchestrator.state.value, "status": status,
             "previous_state": previous.value if previous else None,
-            "running": running_pid(os.path.join(sessions_root(workspace), sid)) is not None,
-            "iteration": m.iteration, "pause_reason": m.orchestrator.pause_reason,
+            "running": pid is not None,
+            "iteration": m.iteration, "pause_reason": reason,
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),

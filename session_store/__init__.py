@@ -6,7 +6,7 @@ to start as the bare interpreter.
 from importlib import import_module
 
 _WHERE = {
-    "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors",
+    "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors", "DiskFault": "_errors",
     "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
     "QuestionCancelled": "_errors",
     "Lease": "_lock", "run_over": "_lock",

@@ -15,6 +15,9 @@ import os
 import signal
 import stat
 import threading
+from contextlib import contextmanager
+
+from ._errors import DiskFault
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -43,6 +46,45 @@ def durable_write_done(kind: str, path: str, durable: bool = True) -> None:
     crash_at = os.environ.get("RALPH_TEST_CRASH_AT_WRITE")
     if crash_at and int(crash_at) == _write_count:
         os.kill(os.getpid(), signal.SIGKILL)
+    fill_at = os.environ.get("RALPH_TEST_FILL_DISK_AT_WRITE")
+    if fill_at and int(fill_at) == _write_count:
+        _fill_disk(os.environ["RALPH_TEST_BALLAST"])
+    eio_at = os.environ.get("RALPH_TEST_EIO_AT_WRITE")
+    if eio_at and int(eio_at) == _write_count:
+        # the tests' failing disk (tests/support/eio_shim.c): from now on, I/O errors
+        with open(os.environ["RALPH_TEST_EIO_FLAG"], "w"):
+            pass
+
+
+def _fill_disk(ballast: str) -> None:
+    """The tests' full disk: write `ballast` until the file system has no room left."""
+    with open(ballast, "ab", buffering=0) as f:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):
+            chunk = b"\0" * size
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError:
+                pass
+
+
+@contextmanager
+def disk(path: str):
+    """A write to `path`: the disk's refusals (full, failing, read-only) become DiskFault,
+    naming the path."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in DiskFault.WHY:
+            raise DiskFault(path, e.errno) from None
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def temp_name(path: str) -> str:
@@ -68,11 +110,12 @@ def make_dirs(path: str) -> None:
         return
     parent = os.path.dirname(path)
     make_dirs(parent)
-    try:
-        os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        return
-    fsync_dir(parent)
+    with disk(path):
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            return
+        fsync_dir(parent)
 
 
 def open_private(path: str) -> int:
@@ -104,23 +147,28 @@ def read_nofollow(path: str, limit: int = -1) -> bytes:
 
 def write_atomic(path: str, data: str | bytes, kind: str = "file", durable: bool = True) -> None:
     """Replace `path` with `data`: a reader sees the old file or the new one, never half.
-    Not `durable`: no fsync (see above)."""
+    Not `durable`: no fsync (see above). A disk that refuses it leaves the old file."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
     tmp = temp_name(path)
-    fd = open_private(tmp)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+    with disk(path):
+        fd = open_private(tmp)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if durable:
+                    fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
         if durable:
-            fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(directory)
+            fsync_dir(directory)
     durable_write_done(kind, path, durable)
 
 
@@ -133,28 +181,30 @@ def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
     tmp = temp_name(path)
-    fd = open_private(tmp)
-    try:
-        os.write(fd, data)
-        fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-    fsync_dir(directory)
+    with disk(path):
+        fd = open_private(tmp)
+        try:
+            try:
+                os.write(fd, data)
+                fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            _unlink_quietly(tmp)
+        fsync_dir(directory)
     durable_write_done(kind, path)
     return True
 
 
 def rename_durable(src: str, dst: str, kind: str = "rename") -> None:
     """Move a file and make both directory entries durable."""
-    os.rename(src, dst)
-    fsync_dir(os.path.dirname(os.path.abspath(dst)))
-    src_dir = os.path.dirname(os.path.abspath(src))
-    if src_dir != os.path.dirname(os.path.abspath(dst)):
-        fsync_dir(src_dir)
+    with disk(dst):
+        os.rename(src, dst)
+        fsync_dir(os.path.dirname(os.path.abspath(dst)))
+        src_dir = os.path.dirname(os.path.abspath(src))
+        if src_dir != os.path.dirname(os.path.abspath(dst)):
+            fsync_dir(src_dir)
     durable_write_done(kind, dst)

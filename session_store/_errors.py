@@ -25,3 +25,16 @@ class AlreadyAnswered(BadInput):
 
 class QuestionCancelled(BadInput):
     """The question was cancelled: it takes no answer."""
+
+
+class DiskFault(Exception):
+    """The disk refused a write: full, over quota, failing or read-only. What was being
+    written is left as it was (temp files removed); the engine pauses on it (exit 3), a
+    one-shot command exits 2."""
+
+    WHY = {28: "no space left", 122: "disk quota exceeded", 5: "I/O error",
+           30: "read-only file system"}
+
+    def __init__(self, path: str, errno_: int):
+        self.path, self.errno = path, errno_
+        super().__init__(f"{self.WHY.get(errno_, 'disk error')} on {path}")

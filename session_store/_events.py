@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from . import _lock
-from ._atomic import FILE_MODE, durable_write_done, fsync
+from ._atomic import FILE_MODE, disk, durable_write_done, fsync
 from ._errors import BadInput, RunOver
 
 EVENTS_FILE = "events.jsonl"
@@ -69,8 +69,9 @@ def locked(session_dir: str):
     agent run, are ordered by this one lock."""
     path = os.path.join(session_dir, EVENTS_FILE)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     FILE_MODE)
+        with disk(path):
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, FILE_MODE)
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
@@ -92,7 +93,7 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
     run hears nothing more from it); otherwise it is recorded as refused and RunOver
     says why."""
     path = os.path.join(session_dir, EVENTS_FILE)
-    with locked(session_dir) as fd:
+    with locked(session_dir) as fd, disk(path):
         seq = _last_seq_and_trim(fd) + 1
         record = {"seq": seq, "ts": ts or now_iso(), "topic": topic, "payload": payload,
                   "source": source, "iteration": iteration, "state": state}
@@ -103,11 +104,15 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
         if run is not None:
             record["run"] = run
         line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        written = os.write(fd, line)
-        if written != len(line):  # a short write is a torn line: cut it and fail loudly
-            os.ftruncate(fd, os.fstat(fd).st_size - written)
-            raise OSError(f"short write to {path}")
-        fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):   # a short write: a torn line (a full disk)
+                raise OSError(errno.ENOSPC, f"short write to {path}")
+            fsync(fd)
+        except OSError:
+            os.ftruncate(fd, size)   # never leave a torn or unflushed line behind
+            raise
     durable_write_done("event", path)
     if why:
         raise RunOver(f"{topic} refused: {why}")

@@ -11,7 +11,7 @@ from datetime import datetime
 import attrs
 
 from . import _progress
-from ._atomic import durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
+from ._atomic import disk, durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
 from ._schema import dump_plain, parse_yaml, structure, unstructure
@@ -189,13 +189,14 @@ class Iteration:
 
     def write_prompt(self, files: RunFiles, text: str) -> None:
         """A log, like the run's output: written once, under a name of its own, no fsync."""
-        fd = open_private(files.prompt)
-        try:
-            view = memoryview(text.encode("utf-8"))
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        with disk(files.prompt):
+            fd = open_private(files.prompt)
+            try:
+                view = memoryview(text.encode("utf-8"))
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
         durable_write_done("prompt", files.prompt, durable=False)
 
     def last_run_seq(self) -> int:
@@ -205,7 +206,8 @@ class Iteration:
     @staticmethod
     def open_output(path: str) -> int:
         """A run's stdout or stderr, opened private (0600), never through a planted link."""
-        return open_private(path)
+        with disk(path):
+            return open_private(path)
 
     def run_logs(self) -> list[str]:
         """The file names of every run's prompt and output, in run order."""

@@ -60,8 +60,9 @@ class Lease:
         self._write(f"{os.getpid()}\n")
 
     def _write(self, text: str) -> None:
+        from ._atomic import disk
         from ._events import locked
-        with locked(self.session_dir):
+        with locked(self.session_dir), disk(os.path.join(self.session_dir, LOCK_FILE)):
             data = text.encode()
             os.pwrite(self._fd, data, 0)   # a reader sees the old first line or the new one
             os.ftruncate(self._fd, len(data))

@@ -7,8 +7,9 @@ import secrets
 import shutil
 from datetime import datetime
 
-from ._atomic import FILE_MODE, fsync_dir, make_dirs, read_nofollow, write_atomic
-from ._errors import BadInput, UnknownSession
+from ._atomic import (FILE_MODE, fsync_dir, make_dirs, open_private, read_nofollow, temp_name,
+                      write_atomic)
+from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
@@ -20,6 +21,9 @@ CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
 BLOCKERS_FILE = "blockers.yaml"
 SCRATCHPAD_FILE = "scratchpad.md"
+RESERVE_FILE = "disk-reserve"        # room kept aside to record a full disk
+RESERVE_BYTES = 64 * 1024
+DISK_FAULT_FILE = "disk-fault.yaml"  # why the engine stopped: its disk refused a write
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SESSION_SUBDIRS = ("signals/inputs", "signals/processed", "signals/rejected",
                    "questions", "answers", "iterations")
@@ -141,6 +145,58 @@ class Session:
             f"- created: {m.created_at.isoformat()}\n"
             f"- completed: {m.completed_at.isoformat() if m.completed_at else '-'}\n"),
             "summary")
+
+
+    # --- a disk that refuses writes ---
+
+    def keep_reserve(self) -> None:
+        """Set room aside on the session's disk (a small allocated file), given back when
+        the disk fills so that the engine can still record why it stopped."""
+        path = os.path.join(self.dir, RESERVE_FILE)
+        try:
+            if os.stat(path).st_size >= RESERVE_BYTES:
+                return
+        except OSError:
+            pass
+        tmp = temp_name(path)
+        try:
+            fd = open_private(tmp)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:          # no room for it: nothing is kept aside
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def release_reserve(self) -> None:
+        try:
+            os.unlink(os.path.join(self.dir, RESERVE_FILE))
+        except OSError:
+            pass
+
+    def mark_disk_fault(self, fault: DiskFault, now: datetime) -> None:
+        """Record why the engine stopped; views show the session paused for it."""
+        write_atomic(os.path.join(self.dir, DISK_FAULT_FILE), dump_yaml(
+            {"reason": str(fault), "path": fault.path, "errno": fault.errno,
+             "at": now.isoformat()}), "disk-fault")
+
+    def disk_fault(self) -> dict | None:
+        path = os.path.join(self.dir, DISK_FAULT_FILE)
+        try:
+            fault = parse_yaml(read_nofollow(path), path)
+        except (OSError, BadInput):
+            return None
+        return fault if isinstance(fault, dict) else None
+
+    def clear_disk_fault(self) -> None:
+        path = os.path.join(self.dir, DISK_FAULT_FILE)
+        if os.path.lexists(path):
+            os.unlink(path)
+            fsync_dir(self.dir)
 
 
 class EventReader:

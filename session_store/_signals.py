@@ -17,7 +17,8 @@ from datetime import datetime
 
 import attrs
 
-from ._atomic import create_exclusive, fsync_dir, read_nofollow, rename_durable, write_atomic
+from ._atomic import (create_exclusive, disk, fsync_dir, read_nofollow, rename_durable,
+                      write_atomic)
 from ._errors import BadInput
 from ._schema import dump_yaml, parse_yaml
 
@@ -247,11 +248,12 @@ def read_taken(session_dir: str, name: str) -> Signal | None:
 
 
 def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    fsync_dir(os.path.dirname(path))
+    with disk(path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        fsync_dir(os.path.dirname(path))
 
 
 # --- guidance: STEER/INFO messages waiting for a role's next invocation ---

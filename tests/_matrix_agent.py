@@ -35,16 +35,21 @@ def _drop(ws: str, sdir: str, spec: dict) -> bool:
         os.close(os.open(os.path.join(marks, spec["label"]), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
-    if "raw" in spec:
-        # named to sort before the time-named ones dropped with it: the engine takes
-        # (or rejects) inputs oldest name first, whether it looks between drops or after
-        write_atomic(os.path.join(sdir, "signals", "inputs",
-                                  f"signal.000000-{spec['label']}.yaml"), spec["raw"],
-                     "agent-file")
-    else:
-        signals.drop(sdir, spec["type"], spec.get("message", ""),
-                     now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),
-                     iteration=spec.get("iteration"), priority=spec.get("priority", False))
+    try:
+        if "raw" in spec:
+            # named to sort before the time-named ones dropped with it: the engine takes
+            # (or rejects) inputs oldest name first, whether it looks between drops or after
+            write_atomic(os.path.join(sdir, "signals", "inputs",
+                                      f"signal.000000-{spec['label']}.yaml"), spec["raw"],
+                         "agent-file")
+        else:
+            signals.drop(sdir, spec["type"], spec.get("message", ""),
+                         now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),
+                         iteration=spec.get("iteration"), priority=spec.get("priority", False))
+    except Exception:
+        # not dropped (a full disk): the next run of this step drops it again
+        os.unlink(os.path.join(marks, spec["label"]))
+        raise
     time.sleep(0.003)   # names start with the time in ms: keep the drops in order
     return True
 

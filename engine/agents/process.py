@@ -17,7 +17,8 @@ from typing import Callable
 
 import attrs
 
-from session_store._atomic import open_private, read_nofollow
+from session_store import Iteration
+from session_store._atomic import read_nofollow
 
 from ..config import PromptMode
 from . import containment
@@ -87,8 +88,8 @@ class CommandAgent:
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         # private (0600) and never through a symlink planted at these predictable names
-        with open(open_private(inv.log_base + ".stdout"), "wb") as out, \
-                open(open_private(inv.log_base + ".stderr"), "wb") as err:
+        with open(Iteration.open_output(inv.log_base + ".stdout"), "wb") as out, \
+                open(Iteration.open_output(inv.log_base + ".stderr"), "wb") as err:
             try:
                 proc = subprocess.Popen(
                     argv, cwd=inv.cwd, env=env, stdout=out, stderr=err,

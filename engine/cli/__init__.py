@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         print("ralph: interrupted; the session is resumable", file=sys.stderr)
         return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
     except Exception as e:
-        from session_store import BadInput
+        from session_store import BadInput, DiskFault
+        if isinstance(e, DiskFault):   # a one-shot command: nothing was left half-written
+            print(f"ralph: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         if isinstance(e, BadInput):
             for line in str(e).splitlines():  # `validate` reports every error, one a line
                 print(f"ralph: error: {line}", file=sys.stderr)

@@ -148,10 +148,10 @@ def main(argv: list[str]) -> int:
     except EmitError as e:
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
-    from session_store._errors import BadInput
+    from session_store._errors import BadInput, DiskFault
     try:
         record = publish(directory, topic, payload)
-    except BadInput as e:   # events.jsonl is a symlink, or the run is over: refused
+    except (BadInput, DiskFault) as e:   # a symlink, a run that is over, a full disk
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
     print(f"emitted {topic} (seq {record['seq']})")

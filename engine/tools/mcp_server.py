@@ -16,7 +16,7 @@ import time
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from session_store import BadInput, load
+from session_store import BadInput, DiskFault, load
 
 from .emit import EmitError, check, publish
 from .interact import Waiting, ask_and_wait
@@ -43,7 +43,7 @@ def build(session_dir: str) -> MCPServer:
         try:
             check(topic, payload, "payload")
             record = publish(session_dir, topic, payload)
-        except (EmitError, BadInput) as e:
+        except (EmitError, BadInput, DiskFault) as e:
             raise ToolError(str(e)) from None
         return f"emitted {topic} (seq {record['seq']})"
 
