@@ -23,7 +23,7 @@ from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
 from .channels import telegram
-from .clock import SystemClock
+from .clock import SystemClock, until
 from .config import Config
 from .console import Console
 from .context import Work
@@ -118,6 +118,11 @@ class Engine:
         # (in-run questions, progress notes) is shown as it lands
         stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
                               self.wakeup, trees=[os.path.join(d, "signals")])
+        if stop_watching.failed:   # loud: wakeups now come from a 1 s poll
+            self.say(f"no file-system watcher works here ({stop_watching.failed}): "
+                     f"looking for signals and answers every second instead")
+            self.session.append_event("engine.watcher_failed",
+                                      {"why": stop_watching.failed, "poll_seconds": 1})
         stop_bot = telegram.start_for_session(self.session.workspace, self.session.id, self.config)
         try:
             self.reconcile()
@@ -212,8 +217,9 @@ class Engine:
     # --- what the parts share ---
 
     def wait_until(self, deadline) -> None:
-        """Sleep until `deadline` (a datetime) or until the watcher wakes us."""
-        seconds = (deadline - self.clock.now()).total_seconds()
+        """Sleep toward `deadline` (a datetime) until the watcher wakes us; the callers
+        loop, so a wait reads the wall clock again at least every CHECK_SECONDS."""
+        seconds = until(deadline, self.clock.now())
         if seconds > 0:
             self.wakeup.wait(seconds)
         self.wakeup.clear()

@@ -227,26 +227,57 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
             if wakeup is not None:
                 wakeup.set()
 
+    problems = []
     for make in (Observer, lambda: PollingObserver(timeout=0.1)):
-        observer = make()
         try:
+            observer = make()
             for path in paths:
                 observer.schedule(Wake(), path, recursive=False, event_filter=writes)
             for path in trees:
                 observer.schedule(Wake(), path, recursive=True, event_filter=writes)
             observer.start()
-        except Exception:
+        except Exception as e:  # noqa: BLE001 - no watcher: say so, and poll instead
+            problems.append(f"{type(e).__name__}: {e}")
             continue
         return Watching(observer, Wake(), writes)
-    return Watching(None, None, writes)
+    # never no wakeups: every second, as if everything watched had changed
+    ticker = _Ticker([*paths, *trees], wakeup, notify)
+    ticker.start()
+    return Watching(ticker, None, writes, failed="; ".join(problems))
+
+
+class _Ticker(threading.Thread):
+    """The fallback when no file-system watcher works: a wakeup every POLL_SECONDS."""
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, paths, wakeup, notify):
+        super().__init__(name="watch-poll", daemon=True)
+        self._paths, self._wakeup, self._notify = list(paths), wakeup, notify
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.POLL_SECONDS):
+            for path in self._paths:
+                if self._notify is not None:
+                    self._notify(path)
+            if self._wakeup is not None:
+                self._wakeup.set()
+
+    def schedule(self, handler, path, recursive=False, event_filter=None) -> None:
+        self._paths.append(path)
+
+    def stop(self) -> None:
+        self._stopping.set()
 
 
 class Watching:
     """A running watcher: calling it stops it; `add(path)` watches one more directory
     (not recursively), e.g. a session that appeared after it started."""
 
-    def __init__(self, observer, handler, events):
+    def __init__(self, observer, handler, events, failed: str | None = None):
         self._observer, self._handler, self._events = observer, handler, events
+        self.failed = failed   # why no watcher works (then it polls every second)
 
     def add(self, path: str) -> None:
         if self._observer is not None:

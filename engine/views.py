@@ -35,6 +35,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "status": status,
         "running": pid is not None,
         "engine_pid": pid,
+        "engine_stopped": engine_stopped(pid),
         "iteration": m.iteration,
         "batch": m.batch,
         "pause_reason": reason,
@@ -56,6 +57,19 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
         "last_events": tail_events(session.dir, last_events),
     }
+
+
+def engine_stopped(pid: int | None) -> bool:
+    """The engine holding the lock is stopped (SIGSTOP, a debugger, a suspended machine):
+    it holds the session but makes no progress until it is continued."""
+    if not pid or pid < 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
 
 
 def _standing_on_disk(session, pid) -> tuple[str, str | None]:
@@ -128,6 +142,12 @@ def status_text(v: dict) -> str:
              f"objective: {v['objective'].splitlines()[0] if v['objective'] else ''}",
              f"iteration {v['iteration']}, batch {v['batch']}; tasks: {v['tasks']['completed']} done, "
              f"{v['tasks']['failed']} failed, {v['tasks']['pending']} pending of {v['tasks']['total']}"]
+    if v["engine_stopped"]:
+        last = v["last_events"][-1]["ts"][:19] if v["last_events"] else v["updated_at"][:19]
+        lines.append(f"engine pid {v['engine_pid']} is stopped (SIGSTOP or a suspended "
+                     f"machine): it holds the session but has made no progress since {last}; "
+                     f"`kill -CONT {v['engine_pid']}` lets it go on (deadlines that passed "
+                     f"meanwhile apply once)")
     if v["pause_reason"]:
         lines.append(f"paused: {v['pause_reason']}")
     if v["resume_command"]:
@@ -182,7 +202,7 @@ def list_views(workspace: str) -> list[dict]:
         views.append({
             "session_id": sid, "state": m.orchestrator.state.value, "status": status,
             "previous_state": previous.value if previous else None,
-            "running": pid is not None,
+            "running": pid is not None, "engine_stopped": engine_stopped(pid),
             "iteration": m.iteration, "pause_reason": reason,
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
@@ -203,7 +223,7 @@ def list_text(views: list[dict]) -> str:
             continue
         status, _, state = standing(v).partition(" in ")
         state = state or v["state"]
-        run = " running" if v["running"] else ""
+        run = " stopped" if v.get("engine_stopped") else " running" if v["running"] else ""
         lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
                      f"{_age(v['age_seconds']):>6}{run}"
                      + (f"  — {v['pause_reason']}" if v["pause_reason"] else "")

@@ -1,14 +1,29 @@
-"""Faults beyond kill -9: many writers of one file at once."""
+"""Faults beyond kill -9: many writers of one file at once, a frozen engine, a stepped
+wall clock, no file-system watcher (a full or failing disk: tests/test_disk_faults.py)."""
 from __future__ import annotations
 
+import io
+import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
+from datetime import timedelta
 
+import pytest
 import yaml
 
-from support import REPO, base_env
+from engine import clock as engine_clock
+from engine.clock import SystemClock
+from engine.mailbox import watch
 from session_store import write_atomic
+from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata, ralph,
+                     spawn, wait_for, write_config, write_scenario)
+from support.engines import config, engine_for
+from support.recording import SUCCEED, RecordingAgent
+from support.sessions import new_session
 
 PAD = "x" * 4000     # bigger than one write of a pipe, so a torn file would show
 
@@ -66,3 +81,122 @@ def test_threads_and_processes_rewriting_one_file_never_tear_it(tmp_path):
     assert reads[0] > 50
     assert _parse(path.read_text()).startswith(("t", "p"))
     assert [p.name for p in tmp_path.iterdir()] == ["question.yaml"]   # no temp file left
+
+
+# --- a frozen engine (SIGSTOP, a suspended laptop) ---
+
+FROZEN = [
+    {"role": "planner", "iteration": 1,
+     "emit": [{"topic": "plan.ready", "json": {"tasks": [{"id": "t1", "title": "T1"}]}}]},
+    {"role": "executor", "attempt": 1,
+     "emit": [{"topic": "human.interact", "payload": "Tabs or spaces?"}]},
+    {"role": "executor", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+]
+
+
+def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_once(
+        workspace):
+    script = write_scenario(workspace, FROZEN)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(script)},
+                             "RObot": {"timeout_seconds": 3}, "fallback": {"enabled": False}})
+    engine = spawn(workspace, "session", "start", "freeze me", "--id", "f1",
+                   env=base_env(**FAST))
+    sd = workspace / ".ralph-sessions" / "f1"
+    try:
+        wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
+        os.kill(engine.pid, signal.SIGSTOP)
+        view = json.loads(ralph(workspace, "session", "status", "f1", "--json").stdout)
+        assert view["running"] and view["engine_stopped"], view
+        text = ralph(workspace, "session", "status", "f1").stdout
+        assert f"engine pid {engine.pid} is stopped" in text and "no progress since" in text
+        assert " stopped" in ralph(workspace, "session", "list").stdout
+        second = ralph(workspace, "session", "resume", "f1")
+        assert second.returncode == 2 and "locked by a running engine" in second.stderr
+        time.sleep(4)                       # the question's deadline passes while frozen
+        os.kill(engine.pid, signal.SIGCONT)
+        code, out, err = finish(engine, timeout=60)
+    finally:
+        if engine.poll() is None:
+            os.kill(engine.pid, signal.SIGCONT)
+            engine.kill()
+    assert code == 0, out + err
+    timeouts = [e for e in events(sd) if e["topic"] == "human.timeout"]
+    assert len(timeouts) == 1, timeouts
+    assert metadata(sd)["status"] == "completed"
+
+
+# --- the wall clock stepped while a question waits ---
+
+class SteppedClock(SystemClock):
+    """The system's clock, stepped by the test as NTP would step it."""
+
+    def __init__(self):
+        self.step = timedelta(0)
+
+    def now(self):
+        return super().now() + self.step
+
+
+@pytest.mark.parametrize("step", [timedelta(hours=1), timedelta(hours=-1)],
+                         ids=["forward", "back"])
+def test_a_stepped_clock_neither_loses_a_deadline_nor_fires_it_early(
+        workspace, monkeypatch, step):
+    """The rule (engine/clock.py): a deadline is a wall-clock instant; a step forward past
+    it fires it within CHECK_SECONDS; a step back postpones it by the step."""
+    monkeypatch.setattr(engine_clock, "CHECK_SECONDS", 0.1)
+    clock = SteppedClock()
+    session = new_session(workspace, clock=clock)
+    engine = engine_for(session, RecordingAgent(), clock=clock,
+                        config=config({"RObot": {"timeout_seconds": 600 if step.total_seconds() > 0
+                                                 else 2}}))
+    question = engine.desk.ask("Deploy now?", on_timeout="continue")
+    held = threading.Thread(target=engine.desk.hold)
+    held.start()
+    time.sleep(0.3)
+    assert held.is_alive()                      # waiting for its deadline
+    clock.step = step
+    if step.total_seconds() > 0:                # past the deadline: it fires at once
+        held.join(2)
+        assert not held.is_alive(), "a deadline the clock stepped past was not applied"
+    else:                                       # the 2 s deadline is now an hour away
+        time.sleep(2.5)
+        assert held.is_alive(), "a deadline fired before the wall clock reached it"
+        clock.step = timedelta(0)               # the clock is put right: it fires
+        held.join(2)
+        assert not held.is_alive()
+    timeouts = [e for e in events(session.dir) if e["topic"] == "human.timeout"]
+    assert len(timeouts) == 1 and timeouts[0]["payload"]["id"] == question.id
+
+
+# --- no file-system watcher ---
+
+def test_a_watcher_that_cannot_start_falls_back_to_a_1_second_poll(tmp_path):
+    woken = threading.Event()
+    seen: list[str] = []
+    watching = watch([str(tmp_path / "no-such-directory")], woken, notify=seen.append)
+    try:
+        assert watching.failed                      # it says why
+        assert woken.wait(2.5), "no wakeup from the fallback poll"
+        assert seen == [str(tmp_path / "no-such-directory")]
+    finally:
+        watching()
+
+
+def test_the_engine_says_so_when_no_watcher_works(workspace, monkeypatch):
+    import watchdog.observers
+    import watchdog.observers.polling
+
+    class Broken:
+        def __init__(self, *a, **k):
+            raise OSError(28, "inotify watch limit reached")
+    monkeypatch.setattr(watchdog.observers, "Observer", Broken)
+    monkeypatch.setattr(watchdog.observers.polling, "PollingObserver", Broken)
+    session = new_session(workspace)
+    out = io.StringIO()
+    engine = engine_for(session, RecordingAgent(otherwise=SUCCEED), out=out)
+    assert engine.run() == 0
+    assert "no file-system watcher works here" in out.getvalue()
+    failed = [e for e in events(session.dir) if e["topic"] == "engine.watcher_failed"]
+    assert len(failed) == 1 and "inotify watch limit" in failed[0]["payload"]["why"]

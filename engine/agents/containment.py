@@ -95,10 +95,18 @@ def _marks(pid: int) -> dict[bytes, bytes]:
                 if item.startswith(wanted))
 
 
-def find(session_dir: str, run: str | None = None, root: int | None = None) -> set[int]:
+def children() -> set[int]:
+    """This process's live children now (those of a run are new ones)."""
+    me = os.getpid()
+    return {pid for pid, parent in _table().items() if parent == me}
+
+
+def find(session_dir: str, run: str | None = None, root: int | None = None,
+         before: frozenset[int] = frozenset()) -> set[int]:
     """The live processes of agent run `run` of the session (of any of its runs when
     `run` is None), and the descendants of `root`; with `root`, also the orphans this
-    engine adopted (the run is the only one it has) and their descendants."""
+    engine adopted during the run (children it did not have `before` it, other than
+    `root`: the run is the only one it has) and their descendants."""
     table = _table()
     found = set()
     session = os.path.realpath(session_dir)
@@ -114,16 +122,17 @@ def find(session_dir: str, run: str | None = None, root: int | None = None) -> s
         if real[named] == session:
             found.add(pid)
     if root is not None:
-        children: dict[int, list[int]] = {}
+        kids: dict[int, list[int]] = {}
         for pid, parent in table.items():
-            children.setdefault(parent, []).append(pid)
-        adopted = [pid for pid in children.get(os.getpid(), ())
-                   if pid != root and pid not in _spared and _ours(pid, session)]
+            kids.setdefault(parent, []).append(pid)
+        adopted = [pid for pid in kids.get(os.getpid(), ())
+                   if pid != root and pid not in before and pid not in _spared
+                   and _ours(pid, session)]
         todo = ([root] if root in table else []) + adopted
         while todo:
             pid = todo.pop()
             found.add(pid)
-            todo.extend(children.get(pid, ()))
+            todo.extend(kids.get(pid, ()))
     return found
 
 

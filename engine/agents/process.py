@@ -90,6 +90,7 @@ class CommandAgent:
         # private (0600) and never through a symlink planted at these predictable names
         with open(Iteration.open_output(inv.log_base + ".stdout"), "wb") as out, \
                 open(Iteration.open_output(inv.log_base + ".stderr"), "wb") as err:
+            before = frozenset(containment.children())   # not the run's: kept out of it
             try:
                 proc = subprocess.Popen(
                     argv, cwd=inv.cwd, env=env, stdout=out, stderr=err,
@@ -129,7 +130,8 @@ class CommandAgent:
                 session_dir = inv.env.get(containment.SESSION_MARK, "")
                 run = inv.env.get(containment.RUN_MARK)
                 leader_ran = not exited.is_set()   # then it is among those stopped
-                left = containment.stop(lambda: containment.find(session_dir, run, proc.pid))
+                left = containment.stop(lambda: containment.find(session_dir, run, proc.pid,
+                                                                 before))
                 outcome.left_behind = max(0, left - leader_ran)
                 containment.reap_orphans(proc.pid)
             outcome.exit_code = proc.wait()

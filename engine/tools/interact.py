@@ -14,7 +14,7 @@ from datetime import timedelta
 from session_store import BadInput, RunOver, load, questions, resolve_id, run_over
 
 from .. import config as cfg
-from ..clock import SystemClock
+from ..clock import CHECK_SECONDS, SystemClock
 from ..mailbox import watch
 
 
@@ -63,13 +63,15 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
     waiting = waiting or Waiting()
     woken = waiting.woken
 
+    watched = [os.path.join(session.dir, "answers"), os.path.join(session.dir, "questions")]
+
     def changed(path: str) -> None:
         # only this question's files wake the agent: waking on every file of a write
-        # (temp file, data, link) fought the watcher's threads for the interpreter
-        if questions.question_id(os.path.basename(path)) == question.id:
+        # (temp file, data, link) fought the watcher's threads for the interpreter; a
+        # watched directory itself is the poll's tick where no watcher works
+        if path in watched or questions.question_id(os.path.basename(path)) == question.id:
             woken.set()
-    stop_watching = watch([os.path.join(session.dir, "answers"),
-                           os.path.join(session.dir, "questions")], None, notify=changed)
+    stop_watching = watch(watched, None, notify=changed)
     previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term) if on_term else None
     try:
         while True:
@@ -91,7 +93,7 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                                                        "default": default},
                                      source=os.environ.get("RALPH_ROLE") or "cli")
                 return default, False
-            woken.wait(left)
+            woken.wait(min(left, CHECK_SECONDS))   # a stepped clock is read again
             woken.clear()
     except KeyboardInterrupt:
         # the run is being stopped (PAUSE, ABORT, timeout) or the human gave up waiting:
