@@ -108,7 +108,6 @@ class Engine:
         d = self.session.dir
         # a dead engine's runs may have left processes (tools in sessions of their own
         # outlive a SIGKILL'd CLI): none of them goes on, nor is heard
-        containment.adopt_orphans()
         left = containment.stop(lambda: containment.find(d))
         if left:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")

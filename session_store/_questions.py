@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import os
-import secrets
 import stat
 from datetime import datetime
 
@@ -130,7 +129,7 @@ def _read_own(path: str, fd: int) -> bytes:
 
 
 def new_question_id(now: datetime) -> str:
-    return f"q{now.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"q{now.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
 
 
 def ask(session_dir: str, question: Question) -> Question:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 from datetime import datetime
 
@@ -36,7 +35,7 @@ def check_id(value: str, what: str = "session id") -> str:
 
 
 def new_session_id(now: datetime) -> str:
-    return f"{now.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"{now.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
 
 
 def sessions_root(workspace: str) -> str:
@@ -68,10 +67,11 @@ class Session:
 
     # --- the bus ---
 
-    def append_event(self, topic: str, payload=None, *, source: str = "engine", ts=None) -> dict:
+    def append_event(self, topic: str, payload=None, *, source: str = "engine", ts=None,
+                     run: str | None = None) -> dict:
         m = self.metadata
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
-                            state=m.orchestrator.state.value, ts=ts)
+                            state=m.orchestrator.state.value, ts=ts, run=run)
 
     def read_events(self, offset: int = 0):
         return read_events(self.dir, offset)

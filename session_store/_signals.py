@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import reprlib
-import secrets
 import stat
 from datetime import datetime
 
@@ -123,7 +122,7 @@ def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: st
     stamp = f"{now.strftime('%y%m%d-%H%M%S')}-{now.microsecond // 1000:03d}"
     text = dump_yaml(signal.fields())
     while True:
-        name = f"signal.{stamp}-{secrets.token_hex(4)}.yaml"
+        name = f"signal.{stamp}-{os.urandom(4).hex()}.yaml"
         if create_exclusive(os.path.join(inputs, name), text, "signal-drop"):
             return name
 

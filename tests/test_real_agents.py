@@ -8,6 +8,7 @@ with only the model endpoint configured, and with a PATH that does not hold `ral
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -202,10 +203,11 @@ class ThroughMcp(Brain):
     def planner(self, turn: Turn):
         if turn.step == 0:
             return Tool("status", {})
-        if '"iteration": 1' in turn.outputs[0] and turn.step == 1:
+        first = _iteration_of(turn.outputs[0]) == 1
+        if first and turn.step == 1:
             return Tool("emit", {"topic": "plan.ready", "payload": {"tasks": [
                 {"id": "t1", "title": "Write hello.txt", "batch": 1}]}})
-        if '"iteration": 1' in turn.outputs[0]:
+        if first:
             return Say("Planned.")
         if turn.step == 1:
             return Tool("emit", {"topic": "LOOP_COMPLETE", "payload": "nothing is left"})
@@ -225,6 +227,14 @@ class ThroughMcp(Brain):
         if turn.step == 0:
             return Tool("emit", {"topic": "review.done", "payload": "tests: pass, build: pass"})
         return Say("Reviewed.")
+
+
+def _iteration_of(status_output: str) -> int | None:
+    """The session's iteration in what the `status` tool returned (codex puts a header of
+    its own before the tool's text)."""
+    start = status_output.find("{")
+    view, _ = json.JSONDecoder().raw_decode(status_output[start:])
+    return view.get("iteration")
 
 
 @pytest.fixture(params=[c for c in CLIS if c != "gemini"])

@@ -23,15 +23,18 @@ GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 _spared: set[int] = set()   # children the engine started itself (a resume from a channel)
+_adopting = False           # this process is the reaper of its orphaned descendants
 
 
 def adopt_orphans() -> bool:
     """Make this process (the engine) the reaper of its orphaned descendants, so that
     nothing an agent run starts can slip out of its tree. False where it cannot."""
+    global _adopting
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+        _adopting = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
     except (OSError, AttributeError):
-        return False
+        _adopting = False
+    return _adopting
 
 
 def spare(pid: int) -> None:
@@ -125,8 +128,8 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
         kids: dict[int, list[int]] = {}
         for pid, parent in table.items():
             kids.setdefault(parent, []).append(pid)
-        adopted = [pid for pid in kids.get(os.getpid(), ())
-                   if pid != root and pid not in before and pid not in _spared
+        adopted = [pid for pid in kids.get(os.getpid(), ()) if _adopting
+                   and pid != root and pid not in before and pid not in _spared
                    and _ours(pid, session)]
         todo = ([root] if root in table else []) + adopted
         while todo:

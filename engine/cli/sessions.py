@@ -82,7 +82,11 @@ def cmd_resume(args) -> int:
 
 
 def _run(session, config, *, resume: bool, message: str | None = None) -> int:
+    from ..agents import containment
     from ..driver import Engine
+    # this process is the engine: orphans of its agents' runs are its to find and stop
+    # (a library or a test running an Engine in-process keeps its own process as it is)
+    containment.adopt_orphans()
     return Engine(session, config).run(resume=resume, message=message)
 
 

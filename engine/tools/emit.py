@@ -140,6 +140,27 @@ def session_dir(session_id: str | None = None) -> str:
     return found
 
 
+def progress_main(argv: list[str]) -> int:
+    """`ralph tools interact progress MESSAGE [--session ID]` on the same cold path as
+    emit (agents call it often): a note to the humans, on the bus as human.progress."""
+    try:
+        argv, session_id = take_session(argv)
+        if len(argv) != 1 or not is_text(argv[0]):
+            raise EmitError("usage: ralph tools interact progress MESSAGE [--session ID]")
+        directory = session_dir(session_id)
+    except EmitError as e:
+        print(f"ralph: error: {e}", file=sys.stderr)
+        return 2
+    from session_store._errors import BadInput, DiskFault
+    try:
+        record = publish(directory, "human.progress", argv[0])
+    except (BadInput, DiskFault) as e:
+        print(f"ralph: error: {e}", file=sys.stderr)
+        return 2
+    print(f"progress noted (seq {record['seq']})")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     try:
         argv, session_id = take_session(argv)

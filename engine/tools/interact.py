@@ -58,7 +58,7 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
             role=os.environ.get("RALPH_ROLE"), task=os.environ.get("RALPH_TASK_ID"))))
     session.append_event("human.question", {"id": question.id, "text": text, "in_run": True,
                                             "deadline": question.deadline.isoformat()},
-                         source=os.environ.get("RALPH_ROLE") or "cli")
+                         source=os.environ.get("RALPH_ROLE") or "cli", run=run)
     on_term = waiting is None
     waiting = waiting or Waiting()
     woken = waiting.woken
@@ -91,7 +91,7 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
                                   clock.now())
                 session.append_event("human.timeout", {"id": question.id, "in_run": True,
                                                        "default": default},
-                                     source=os.environ.get("RALPH_ROLE") or "cli")
+                                     source=os.environ.get("RALPH_ROLE") or "cli", run=run)
                 return default, False
             woken.wait(min(left, CHECK_SECONDS))   # a stepped clock is read again
             woken.clear()

@@ -265,7 +265,7 @@ class ModelServer:
                 if "## OBJECTIVE" in text:
                     prompt = text
             elif item.get("type") == "function_call_output":
-                output = _text_of(item.get("output"))
+                output = _tool_text(_text_of(item.get("output")))
                 found = RUNNING.search(output)
                 if running is not None:   # the polled command's output continues
                     outputs[-1] += output
@@ -340,6 +340,14 @@ class ModelServer:
 def _call(n: int, name: str, arguments: dict) -> dict:
     return {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": name,
             "arguments": json.dumps(arguments), "status": "completed"}
+
+
+def _tool_text(output: str) -> str:
+    """codex heads an MCP tool's result with its own lines ("Wall time: ...", "Output:"):
+    the model reads the tool's text after them."""
+    if output.startswith("Wall time:") and "\nOutput:" in output:
+        return output.split("\nOutput:", 1)[1].lstrip("\n")
+    return output
 
 
 def _text_of(content) -> str:
