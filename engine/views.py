@@ -3,12 +3,11 @@ then text rendered from it."""
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 
 from session_store import (BadInput, PauseKind, State, Status, complete_size, list_ids,
-                           load, progress, questions, read_events, running_pid, sessions_root,
-                           signals, tail_events, unstructure)
+                           load, progress, questions, read_events, running_pid, signals,
+                           tail_events, unstructure)
 
 
 def _resume_command(meta, running: bool) -> str | None:

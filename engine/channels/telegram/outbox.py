@@ -69,6 +69,7 @@ class Outbox:
         self._notices: collections.deque = collections.deque()   # (session, seq, text)
         self._outstanding: collections.Counter = collections.Counter()
         self._notice_ready = asyncio.Event()
+        self._notice_sending: asyncio.Future | None = None   # the notice being sent now
         self._watching = None
         self._watched: set[str] = set()
 
@@ -281,10 +282,16 @@ class Outbox:
         while True:
             await self._notice_ready.wait()
             while self._notices:
-                _sid, _seq, text = self._notices[0]   # leaves the queue once sent
-                await asyncio.gather(*[self.transport.send(chat, text) for chat in self.chats])
-                self._notice_done()
+                # a send under way finishes (and is marked done) even when the bot stops
+                # meanwhile: its flush would otherwise send the same notice again
+                self._notice_sending = asyncio.ensure_future(self._send_first())
+                await asyncio.shield(self._notice_sending)
             self._notice_ready.clear()
+
+    async def _send_first(self) -> None:
+        _sid, _seq, text = self._notices[0]   # leaves the queue once sent
+        await asyncio.gather(*[self.transport.send(chat, text) for chat in self.chats])
+        self._notice_done()
 
     def _notice_done(self) -> None:
         sid, seq, _text = self._notices.popleft()
@@ -297,6 +304,8 @@ class Outbox:
     async def flush(self) -> None:
         """The sessions' last words (paused, completed) go out before the bot stops: one
         try each, within FLUSH_SECONDS."""
+        if self._notice_sending is not None and not self._notice_sending.done():
+            await asyncio.wait([self._notice_sending], timeout=FLUSH_SECONDS)
         try:
             sessions = await asyncio.to_thread(list_ids, self.ws)
             looks = await asyncio.to_thread(self._look, {}, self._offsets(sessions), set(),
