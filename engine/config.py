@@ -7,9 +7,8 @@ import os
 
 import attrs
 
-from session_store import BadInput, parse_yaml, shown, structure_each, unstructure
+from session_store import ROLES, BadInput, parse_yaml, shown, structure_each, unstructure
 
-ROLES = ("planner", "executor", "reviewer", "librarian", "questioner")
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
 
 

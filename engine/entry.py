@@ -1,6 +1,7 @@
-"""The `ralph` console script. Agents call `ralph emit` (and `tools interact progress`)
-constantly, so those paths load only engine.tools.emit and the event bus, never the CLI
-module or its libraries."""
+"""The `ralph` console script. Agents call `ralph emit`, `tools interact progress` and
+`tools signals poll` constantly, so those paths load only engine.tools.emit and the event
+bus (a poll that finds signals to take goes on to the CLI), never the CLI module or its
+libraries."""
 import sys
 
 
@@ -12,5 +13,10 @@ def main() -> None:
             not {"-h", "--help"} & set(sys.argv[4:]):
         from engine.tools.emit import progress_main
         sys.exit(progress_main(sys.argv[4:]))
+    if sys.argv[1:4] == ["tools", "signals", "poll"]:
+        from engine.tools.emit import poll_when_empty
+        code = poll_when_empty(sys.argv[4:])
+        if code is not None:
+            sys.exit(code)
     from engine.cli import main as cli_main
     sys.exit(cli_main())

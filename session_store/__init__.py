@@ -10,7 +10,7 @@ _WHERE = {
     "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
     "QuestionCancelled": "_errors",
     "Lease": "_lock", "run_over": "_lock",
-    "State": "_types", "Status": "_types", "PauseKind": "_types",
+    "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
     "sessions_root": "_session", "open_channel_log": "_session",

@@ -19,6 +19,7 @@ import attrs
 from ._atomic import (create_exclusive, disk, fsync_dir, read_nofollow, rename_durable,
                       write_atomic)
 from ._errors import BadInput
+from ._inbox import dirs, waiting
 from ._schema import dump_yaml, parse_yaml
 
 TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")
@@ -49,12 +50,6 @@ class Signal:
         if self.priority:
             data["priority"] = True
         return data
-
-
-def _dirs(session_dir: str) -> tuple[str, str, str]:
-    base = os.path.join(session_dir, "signals")
-    return (os.path.join(base, "inputs"), os.path.join(base, "processed"),
-            os.path.join(base, "rejected"))
 
 
 def canonical_target(value: str) -> str | None:
@@ -118,7 +113,7 @@ def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: st
     signal = validate({"type": kind, "target": target, "message": message,
                        **({"iteration": iteration} if iteration is not None else {}),
                        **({"priority": True} if priority else {})})
-    inputs, _, _ = _dirs(session_dir)
+    inputs, _, _ = dirs(session_dir)
     stamp = f"{now.strftime('%y%m%d-%H%M%S')}-{now.microsecond // 1000:03d}"
     text = dump_yaml(signal.fields())
     while True:
@@ -127,20 +122,9 @@ def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: st
             return name
 
 
-def waiting(session_dir: str) -> list[str]:
-    """Signal files in inputs/, oldest first (their names start with the time).
-    Directories are no signal files: they are left alone."""
-    inputs, _, _ = _dirs(session_dir)
-    try:
-        return sorted(e.name for e in os.scandir(inputs)
-                      if not e.name.startswith(".") and not e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return []
-
-
 def read(session_dir: str, name: str, where: str = "inputs") -> tuple[Signal | None, str | None, bytes]:
     """(signal, None, raw) or (None, why it is rejected, raw); raw is b'' when it is gone."""
-    inputs, processed, _ = _dirs(session_dir)
+    inputs, processed, _ = dirs(session_dir)
     path = os.path.join(inputs if where == "inputs" else processed, name)
     try:
         # O_NONBLOCK: opening a FIFO dropped in inputs/ must not wait for a writer
@@ -166,7 +150,7 @@ def read(session_dir: str, name: str, where: str = "inputs") -> tuple[Signal | N
 
 def take(session_dir: str, name: str) -> bool:
     """Claim a signal: False when another consumer took it first."""
-    inputs, processed, _ = _dirs(session_dir)
+    inputs, processed, _ = dirs(session_dir)
     try:
         rename_durable(os.path.join(inputs, name), os.path.join(processed, name + TAKEN),
                        "signal-take")
@@ -177,7 +161,7 @@ def take(session_dir: str, name: str) -> bool:
 
 def mark_handled(session_dir: str, signal: Signal, *, handled_by: str, action: str,
                  now: datetime) -> None:
-    _, processed, _ = _dirs(session_dir)
+    _, processed, _ = dirs(session_dir)
     doc = signal.fields()
     doc["handling_metadata"] = {"handled_by": handled_by, "handled_at": now.isoformat(),
                                 "action_taken": action}
@@ -187,7 +171,7 @@ def mark_handled(session_dir: str, signal: Signal, *, handled_by: str, action: s
 
 def reject(session_dir: str, name: str, reason: str, raw: bytes, *, now: datetime) -> bool:
     """Move a signal that cannot be parsed or routed to rejected/, with the reason."""
-    inputs, _, rejected = _dirs(session_dir)
+    inputs, _, rejected = dirs(session_dir)
     try:
         rename_durable(os.path.join(inputs, name), os.path.join(rejected, name + TAKEN),
                        "signal-reject")
@@ -216,13 +200,13 @@ def _finish_reject(rejected: str, name: str, reason: str, raw: bytes, now: datet
 
 def taken_unmarked(session_dir: str) -> list[str]:
     """Signals taken but not marked handled (a crash came in between), oldest first."""
-    _, processed, _ = _dirs(session_dir)
+    _, processed, _ = dirs(session_dir)
     return sorted(n[:-len(TAKEN)] for n in os.listdir(processed) if n.endswith(TAKEN))
 
 
 def finish_rejections(session_dir: str, now: datetime) -> None:
     """Complete rejections a crash interrupted."""
-    _, _, rejected = _dirs(session_dir)
+    _, _, rejected = dirs(session_dir)
     for n in sorted(os.listdir(rejected)):
         if n.endswith(TAKEN):
             try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 
+ROLES = ("planner", "executor", "reviewer", "librarian", "questioner")
+
 
 class State(enum.Enum):
     PLANNING = "PLANNING"

@@ -34,7 +34,7 @@ def cmd_signals_poll(args) -> int:
 
     from ..tools.signals import poll
     result = poll(open_session(args).dir, args.role or os.environ.get("RALPH_ROLE") or "")
-    print(json.dumps(result, indent=2) if args.json else dump_yaml(result), end="")
+    print(json.dumps(result, indent=2) + "\n" if args.json else dump_yaml(result), end="")
     return EXIT_OK
 
 

@@ -161,6 +161,34 @@ def progress_main(argv: list[str]) -> int:
     return 0
 
 
+def poll_when_empty(argv: list[str]) -> int | None:
+    """`ralph tools signals poll [--role R] [--session ID] [--json]` when nothing waits in
+    the mailbox, the usual case at an agent's step boundary: answered from a directory
+    listing. None when there is something to parse and take (the CLI does that)."""
+    from session_store._inbox import waiting
+    from session_store._types import ROLES
+    try:
+        argv, session_id = take_session(argv)
+        as_json, role, it = False, os.environ.get("RALPH_ROLE") or "", iter(argv)
+        for arg in it:
+            if arg == "--json":
+                as_json = True
+            elif arg == "--role":
+                role = next(it, "")
+            else:
+                return None   # anything else: the CLI says what is wrong
+        if role.lower() not in ROLES:
+            return None
+        directory = session_dir(session_id)
+    except EmitError:
+        return None
+    if waiting(directory):
+        return None
+    print('{\n  "signals": [],\n  "engine_will_act_on": []\n}' if as_json
+          else "signals: []\nengine_will_act_on: []")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     try:
         argv, session_id = take_session(argv)

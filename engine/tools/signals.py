@@ -2,10 +2,9 @@
 boundaries, the STEER/INFO signals meant for its role; PAUSE/ABORT are the engine's."""
 from __future__ import annotations
 
-from session_store import BadInput, signals
+from session_store import ROLES, BadInput, signals
 
 from ..clock import SystemClock
-from ..config import ROLES
 
 
 def poll(session_dir: str, role: str) -> dict:
