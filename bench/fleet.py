@@ -93,15 +93,14 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
     from session_store import questions, signals
     config = _config(workspace, api.url)
     env = session_env(RALPH_DEMO_SLEEP_SCALE="0", NO_PROXY="127.0.0.1")
-    logs = {}
     say(f"fleet: starting {sessions} session(s)")
     for i in range(sessions):
         sid = f"f{i:03d}"
-        logs[sid] = open(os.path.join(workspace, f"{sid}.log"), "wb")
-        procs[sid] = subprocess.Popen(
-            [ralph_script(), "session", "start", f"bench: fleet {i}", "-c", config,
-             "--id", sid], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
-            stdout=logs[sid], stderr=subprocess.STDOUT)
+        with open(os.path.join(workspace, f"{sid}.log"), "wb") as log:   # the child's now
+            procs[sid] = subprocess.Popen(
+                [ralph_script(), "session", "start", f"bench: fleet {i}", "-c", config,
+                 "--id", sid], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT)
     root = os.path.join(workspace, ".ralph-sessions")
     answered: set[str] = set()
     waiting: set[str] = set()
@@ -145,8 +144,6 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
     for sid, proc in procs.items():
         if proc.wait(timeout=60) != 4:
             raise RuntimeError(f"fleet bench: {sid} exited {proc.returncode} after ABORT")
-    for log in logs.values():
-        log.close()
     return {"lat": latencies, "rss": rss, "cpu": cpu,
             "window": window, "answered": len(answered)}
 

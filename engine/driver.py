@@ -66,7 +66,8 @@ class Engine:
                                  work=lambda: (runner.current_task, runner.latest_outcome))
         self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]
-        runner.run_ended += [desk.release_in_run_questions, lambda unit: desk.announce()]
+        runner.run_ended += [desk.release_in_run_questions, lambda unit: desk.announce(),
+                             lambda unit: self.mailbox.finish_agents_takes()]
         runner.woken.append(desk.announce)
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
@@ -119,9 +120,8 @@ class Engine:
                               self.wakeup, trees=[os.path.join(d, "signals")])
         if stop_watching.failed:   # loud: wakeups now come from a 1 s poll
             self.say(f"no file-system watcher works here ({stop_watching.failed}): "
-                     f"looking for signals and answers every second instead")
-            self.session.append_event("engine.watcher_failed",
-                                      {"why": stop_watching.failed, "poll_seconds": 1})
+                     f"looking for signals and answers by polling instead")
+            self.session.append_event("engine.watcher_failed", {"why": stop_watching.failed})
         stop_bot = telegram.start_for_session(self.session.workspace, self.session.id, self.config)
         try:
             self.reconcile()

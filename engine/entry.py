@@ -2,6 +2,7 @@
 `tools signals poll` constantly, so those paths load only engine.tools.emit and the event
 bus (a poll that finds signals to take goes on to the CLI), never the CLI module or its
 libraries."""
+import os
 import sys
 
 
@@ -9,11 +10,12 @@ def main() -> None:
     if sys.argv[1:2] == ["emit"]:
         from engine.tools.emit import main as emit_main
         sys.exit(emit_main(sys.argv[2:]))
-    if sys.argv[1:4] == ["tools", "interact", "progress"] and \
+    in_a_run = bool(os.environ.get("RALPH_RUN_ID"))   # else the CLI's checks (a person)
+    if sys.argv[1:4] == ["tools", "interact", "progress"] and in_a_run and \
             not {"-h", "--help"} & set(sys.argv[4:]):
         from engine.tools.emit import progress_main
         sys.exit(progress_main(sys.argv[4:]))
-    if sys.argv[1:4] == ["tools", "signals", "poll"]:
+    if sys.argv[1:4] == ["tools", "signals", "poll"] and in_a_run:
         from engine.tools.emit import poll_when_empty
         code = poll_when_empty(sys.argv[4:])
         if code is not None:

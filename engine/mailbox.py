@@ -138,6 +138,16 @@ class Mailbox:
                 pending = decision
         return pending
 
+    def finish_agents_takes(self) -> None:
+        """After a run: a STEER/INFO its agent took but had no time to mark (stopped in
+        between) is handled by the engine now, once; PAUSE/ABORT takes are the engine's
+        own, marked by their transition."""
+        d = self._dir
+        for name in signals.taken_unmarked(d):
+            signal = signals.read_taken(d, name)
+            if signal is not None and signal.type in ("STEER", "INFO"):
+                self.handle(signal, Mode.KNOWLEDGE)
+
     # --- guidance: STEER/INFO and human responses waiting for a role's next prompt ---
 
     def queue_guidance(self, taken: list, action: str | None = None) -> None:
@@ -229,6 +239,7 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
 
     problems = []
     for make in (Observer, lambda: PollingObserver(timeout=0.1)):
+        observer = None
         try:
             observer = make()
             for path in paths:
@@ -238,8 +249,17 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
             observer.start()
         except Exception as e:  # noqa: BLE001 - no watcher: say so, and poll instead
             problems.append(f"{type(e).__name__}: {e}")
+            if observer is not None:   # what it started (inotify descriptors, threads)
+                try:
+                    observer.unschedule_all()
+                    observer.stop()
+                except Exception:  # noqa: BLE001
+                    pass
             continue
-        return Watching(observer, Wake(), writes)
+        # inotify failing is said too, though watchdog's polling observer carries on
+        return Watching(observer, Wake(), writes,
+                        failed="; ".join(problems) + " (watchdog polls instead)"
+                        if problems else None)
     # never no wakeups: every second, as if everything watched had changed
     ticker = _Ticker([*paths, *trees], wakeup, notify)
     ticker.start()

@@ -63,12 +63,9 @@ def engine_stopped(pid: int | None) -> bool:
     it holds the session but makes no progress until it is continued."""
     if not pid or pid < 0:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
+    from .agents.containment import proc_state
+    state = proc_state(pid)
+    return state is not None and state[0] in ("T", "t")
 
 
 def _standing_on_disk(session, pid) -> tuple[str, str | None]:

@@ -80,7 +80,7 @@ def disk(path: str):
         raise
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
@@ -165,7 +165,7 @@ def write_atomic(path: str, data: str | bytes, kind: str = "file", durable: bool
                 os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         if durable:
             fsync_dir(directory)
@@ -193,7 +193,7 @@ def create_exclusive(path: str, data: str | bytes, kind: str = "file") -> bool:
         except FileExistsError:
             return False
         finally:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
         fsync_dir(directory)
     durable_write_done(kind, path)
     return True

@@ -1,3 +1,6 @@
+import errno
+
+
 class BadInput(Exception):
     """Input a user or agent controls is wrong: one line, exit code 2, nothing changed."""
 
@@ -32,8 +35,8 @@ class DiskFault(Exception):
     written is left as it was (temp files removed); the engine pauses on it (exit 3), a
     one-shot command exits 2."""
 
-    WHY = {28: "no space left", 122: "disk quota exceeded", 5: "I/O error",
-           30: "read-only file system"}
+    WHY = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
+           errno.EIO: "I/O error", errno.EROFS: "read-only file system"}
 
     def __init__(self, path: str, errno_: int):
         self.path, self.errno = path, errno_

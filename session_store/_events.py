@@ -13,6 +13,7 @@ import fcntl
 import itertools
 import json
 import os
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
@@ -64,9 +65,11 @@ def _last_seq_and_trim(fd: int) -> int:
 
 
 @contextmanager
-def locked(session_dir: str):
+def locked(session_dir: str, wait_seconds: float | None = None):
     """The bus held exclusively (its fd): appends, and the engine opening or closing an
-    agent run, are ordered by this one lock."""
+    agent run, are ordered by this one lock. With `wait_seconds`, an appender that holds
+    it longer (stopped mid-append) is not waited for beyond that: the engine goes on to
+    stop it."""
     path = os.path.join(session_dir, EVENTS_FILE)
     try:
         with disk(path):
@@ -77,7 +80,18 @@ def locked(session_dir: str):
             raise
         raise BadInput(f"{path}: a symlink; the bus is never written through one") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if wait_seconds is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + wait_seconds
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.005)
         yield fd
     finally:
         os.close(fd)  # closing releases the flock

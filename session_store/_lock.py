@@ -59,14 +59,16 @@ class Lease:
         """The run is over: once this returns, nothing it emits lands on the bus."""
         self._write(f"{os.getpid()}\n")
 
-    def _write(self, text: str) -> None:
-        from ._atomic import disk
+    def _write(self, text: str, durable: bool = False) -> None:
+        from ._atomic import disk, fsync
         from ._events import locked
-        with locked(self.session_dir), disk(os.path.join(self.session_dir, LOCK_FILE)):
+        with locked(self.session_dir, wait_seconds=5), \
+                disk(os.path.join(self.session_dir, LOCK_FILE)):
             data = text.encode()
             os.pwrite(self._fd, data, 0)   # a reader sees the old first line or the new one
             os.ftruncate(self._fd, len(data))
-            # no fsync: a crash ends the engine, and with it every run (the flock is gone)
+            if durable:   # the holder's pid; a run needs none: a crash ends it with the engine
+                fsync(self._fd)
 
     def release(self) -> None:
         os.close(self._fd)
@@ -110,10 +112,15 @@ def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> Lea
                 raise SessionLocked(f"session {session_id} is locked by a running engine "
                                     f"(pid {holder})") from None
             time.sleep(0.01)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    os.fsync(fd)
-    return Lease(session_dir, fd)
+    lease = Lease(session_dir, fd)
+    try:
+        # under the bus's lock, like every rewrite: an emitter checking its run between
+        # the flock and this rewrite would read a dead engine's open run
+        lease._write(f"{os.getpid()}\n", durable=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return lease
 
 
 def running_pid(session_dir: str) -> int | None:

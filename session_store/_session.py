@@ -6,8 +6,8 @@ import re
 import shutil
 from datetime import datetime
 
-from ._atomic import (FILE_MODE, fsync_dir, make_dirs, open_private, read_nofollow, temp_name,
-                      write_atomic)
+from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_nofollow,
+                      temp_name, unlink_quietly, write_atomic)
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
@@ -167,16 +167,10 @@ class Session:
                 os.close(fd)
             os.replace(tmp, path)
         except OSError:          # no room for it: nothing is kept aside
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            unlink_quietly(tmp)
 
     def release_reserve(self) -> None:
-        try:
-            os.unlink(os.path.join(self.dir, RESERVE_FILE))
-        except OSError:
-            pass
+        unlink_quietly(os.path.join(self.dir, RESERVE_FILE))
 
     def mark_disk_fault(self, fault: DiskFault, now: datetime) -> None:
         """Record why the engine stopped; views show the session paused for it."""
@@ -195,8 +189,9 @@ class Session:
     def clear_disk_fault(self) -> None:
         path = os.path.join(self.dir, DISK_FAULT_FILE)
         if os.path.lexists(path):
-            os.unlink(path)
-            fsync_dir(self.dir)
+            with disk(path):
+                os.unlink(path)
+                fsync_dir(self.dir)
 
 
 class EventReader:

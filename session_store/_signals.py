@@ -19,7 +19,7 @@ import attrs
 from ._atomic import (create_exclusive, disk, fsync_dir, read_nofollow, rename_durable,
                       write_atomic)
 from ._errors import BadInput
-from ._inbox import dirs, waiting
+from ._inbox import dirs, waiting  # noqa: F401 - waiting is this module's verb too
 from ._schema import dump_yaml, parse_yaml
 
 TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")

@@ -259,13 +259,17 @@ def test_pause_gives_a_wrapped_child_its_grace_and_leaves_nothing(workspace):
 # --- 3. a finished run's process emits during its SIGTERM grace: refused, not acted on ---
 
 LATE = '''
-    import signal, subprocess, sys
+    import contextlib, io, signal, subprocess, sys
     sys.path.insert(0, sys.argv[1])
     from agentlib import *
+    from engine.tools.emit import main as emit_main   # `ralph emit`, in this process: a
+                                                      # new one would be stopped with it
 
     def late(signum, frame):
-        r = emit("build.done", "late")
-        mark("late.json", json.dumps({"code": r.returncode, "stderr": r.stderr}))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = emit_main(["build.done", "late"])
+        mark("late.json", json.dumps({"code": code, "stderr": err.getvalue()}))
         sys.exit(0)
     signal.signal(signal.SIGTERM, late)
     mark("armed")

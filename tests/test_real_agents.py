@@ -35,16 +35,35 @@ def rig(request, tmp_path):
 
 
 class Sleepy(Brain):
-    """An executor whose first attempt runs a long command before it reports."""
+    """An executor whose first attempt runs a long command before it reports. The shell
+    and its sleep write their pid and start time to pids.txt: the test checks them by
+    their own identity, not with the containment it tests."""
 
     def __init__(self, seconds: int):
         self.seconds = seconds
 
     def executor(self, turn: Turn):
+        me = 'echo "$1 $(cut -d" " -f22 /proc/$1/stat)" >> "$RALPH_WORKSPACE/pids.txt"'
         if turn.step == 0:
-            return Shell(f'if [ "$RALPH_ATTEMPT" = 1 ]; then sleep {self.seconds}; fi; '
+            return Shell(f'note() {{ {me}; }}; note $$; if [ "$RALPH_ATTEMPT" = 1 ]; then '
+                         f'sleep {self.seconds} & note $!; wait; fi; '
                          f'{turn.ralph} emit build.done "{self.EVIDENCE}"')
         return Say("Built.")
+
+
+def recorded_alive(ws) -> list[str]:
+    """The processes pids.txt names that still run (the same pid and start time)."""
+    alive = []
+    for line in (ws / "pids.txt").read_text().splitlines():
+        pid, start = line.split()
+        try:
+            stat = open(f"/proc/{pid}/stat", "rb").read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if fields[0] != b"Z" and fields[19].decode() == start:
+            alive.append(line)
+    return alive
 
 
 def test_a_whole_session_reaches_complete_with_tokens_and_cost(rig):
@@ -91,6 +110,7 @@ def test_pause_mid_run_stops_every_process_and_resume_completes(rig):
     code, out, err = finish(engine, timeout=30)
     assert code == 3, out + err
     assert not processes_marked(sd), processes_marked(sd)
+    assert not recorded_alive(r.ws)
     meta = metadata(sd)
     assert meta["status"] == "paused"
     if r.cli == "claude":   # it streamed its usage before the command: kept though stopped
@@ -111,6 +131,7 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
     assert code == 4, out + err
     assert time.monotonic() - asked < 10
     assert not processes_marked(sd), processes_marked(sd)
+    assert not recorded_alive(r.ws)
     time.sleep(9)   # past the command's `sleep 8; ralph emit build.done`
     topics = [e["topic"] for e in events(sd)]
     assert "build.done" not in topics, topics
@@ -137,6 +158,7 @@ def test_kill_9_of_the_engine_then_resume_hears_nothing_from_the_dead_run(rig):
     code, out, err = finish(r.resume(), timeout=120)
     assert code == 0, out + err
     assert not processes_marked(sd), processes_marked(sd)
+    assert not recorded_alive(r.ws)   # what the dead run left was stopped on resume
     taken = [e for e in events(sd) if e["topic"] == "build.done"]
     assert taken and all(e["run"] != dead_run for e in taken), taken
     assert metadata(sd)["status"] == "completed"

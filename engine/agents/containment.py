@@ -15,7 +15,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
+from contextlib import contextmanager
 
 RUN_MARK = "RALPH_RUN_ID"
 SESSION_MARK = "RALPH_SESSION_DIR"
@@ -23,6 +25,7 @@ GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 _spared: set[int] = set()   # children the engine started itself (a resume from a channel)
+_spawning = threading.Lock()   # held while such a child is started and spared
 _adopting = False           # this process is the reaper of its orphaned descendants
 
 
@@ -37,6 +40,14 @@ def adopt_orphans() -> bool:
     return _adopting
 
 
+@contextmanager
+def spawning():
+    """Start a child the engine means to keep (a resume a channel asked for) inside this,
+    and `spare` it: no run's containment takes it for an adopted orphan meanwhile."""
+    with _spawning:
+        yield
+
+
 def spare(pid: int) -> None:
     """A child the engine started on purpose: never taken for an agent's orphan."""
     _spared.add(pid)
@@ -45,26 +56,25 @@ def spare(pid: int) -> None:
 def reap_orphans(root: int | None = None) -> None:
     """Collect the exit status of adopted orphans that ended (so they leave no zombie);
     the agent's own process (`root`) and spared children are waited for by their owners."""
+    if not _adopting:
+        return
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        pid = int(name) if name.isdigit() else None
-        if pid is None or pid == root or pid in _spared:
-            continue
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == me:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+    with _spawning:
+        for name in os.listdir("/proc"):
+            pid = int(name) if name.isdigit() else None
+            if pid is None or pid == root or pid in _spared:
+                continue
+            state = proc_state(pid)
+            if state is not None and state[0] == "Z" and state[1] == me:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a live process, None if it is gone or a zombie."""
+def proc_state(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, parent pid, start time) of a process, from /proc/<pid>/stat; None
+    when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -72,9 +82,17 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
     # the command name is in parentheses and may hold spaces: read after the last ")"
     fields = stat[stat.rfind(b")") + 2:].split()
-    if len(fields) < 20 or fields[0] == b"Z":
+    if len(fields) < 20:
         return None
-    return int(fields[1]), int(fields[19])
+    return fields[0].decode(), int(fields[1]), int(fields[19])
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time) of a live process, None if it is gone or a zombie."""
+    state = proc_state(pid)
+    if state is None or state[0] == "Z":
+        return None
+    return state[1], state[2]
 
 
 def _table() -> dict[int, int]:
@@ -99,7 +117,10 @@ def _marks(pid: int) -> dict[bytes, bytes]:
 
 
 def children() -> set[int]:
-    """This process's live children now (those of a run are new ones)."""
+    """This process's live children now (those of a run are new ones); only an engine
+    that adopts orphans needs to know."""
+    if not _adopting:
+        return set()
     me = os.getpid()
     return {pid for pid, parent in _table().items() if parent == me}
 
@@ -128,9 +149,10 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
         kids: dict[int, list[int]] = {}
         for pid, parent in table.items():
             kids.setdefault(parent, []).append(pid)
-        adopted = [pid for pid in kids.get(os.getpid(), ()) if _adopting
-                   and pid != root and pid not in before and pid not in _spared
-                   and _ours(pid, session)]
+        with _spawning:
+            adopted = [pid for pid in kids.get(os.getpid(), ()) if _adopting
+                       and pid != root and pid not in before and pid not in _spared
+                       and _ours(pid, session)]
         todo = ([root] if root in table else []) + adopted
         while todo:
             pid = todo.pop()

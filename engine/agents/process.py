@@ -50,13 +50,17 @@ class Outcome:
     left_behind: int = 0           # processes still running when it ended, then stopped
 
 
+try:   # looked up once, here: the child between fork and exec only calls it
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
 def _die_with_parent() -> None:
     """In the child: SIGKILL when the engine dies (its own descendants are found by their
     mark on the next start)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class CommandAgent:
@@ -99,7 +103,10 @@ class CommandAgent:
             except OSError as e:
                 inv.ended()
                 missing = " (not installed?)" if isinstance(e, FileNotFoundError) else ""
-                err.write(f"ralph: cannot start {argv[0]}: {e.strerror}{missing}\n".encode())
+                try:
+                    err.write(f"ralph: cannot start {argv[0]}: {e.strerror}{missing}\n".encode())
+                except OSError:   # a full disk: the reason still reaches the pause reason
+                    pass
                 return Outcome(exit_code=127,
                                stderr_tail=f"{argv[0]}: {e.strerror}{missing}")
             exited = threading.Event()
@@ -126,14 +133,16 @@ class CommandAgent:
                         if outcome.stopped:
                             break
             finally:  # also on ^C / SIGTERM: nothing of the run lives on
-                inv.ended()
-                session_dir = inv.env.get(containment.SESSION_MARK, "")
-                run = inv.env.get(containment.RUN_MARK)
-                leader_ran = not exited.is_set()   # then it is among those stopped
-                left = containment.stop(lambda: containment.find(session_dir, run, proc.pid,
-                                                                 before))
-                outcome.left_behind = max(0, left - leader_ran)
-                containment.reap_orphans(proc.pid)
+                try:
+                    inv.ended()
+                finally:   # even when closing the run failed (a planted bus, a bad disk)
+                    session_dir = inv.env.get(containment.SESSION_MARK, "")
+                    run = inv.env.get(containment.RUN_MARK)
+                    leader_ran = not exited.is_set()   # then it is among those stopped
+                    left = containment.stop(
+                        lambda: containment.find(session_dir, run, proc.pid, before))
+                    outcome.left_behind = max(0, left - leader_ran)
+                    containment.reap_orphans(proc.pid)
             outcome.exit_code = proc.wait()
         outcome.duration = time.monotonic() - started
         outcome.stdout = _read_log(inv.log_base + ".stdout")

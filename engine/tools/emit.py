@@ -128,7 +128,7 @@ def session_dir(session_id: str | None = None) -> str:
     if found:
         if not os.path.isdir(found):
             raise EmitError(f"RALPH_SESSION_DIR {found}: no such session directory")
-        return found
+        return os.path.abspath(found)   # its parts name the workspace and the session
     from session_store import BadInput, resolve_id, sessions_root  # not on an agent's path
     workspace = os.environ.get("RALPH_WORKSPACE", os.getcwd())
     try:

@@ -56,9 +56,15 @@ def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
             or session.metadata.orchestrator.state.value,
             iteration=int(iteration) if iteration.isdigit() else session.metadata.iteration,
             role=os.environ.get("RALPH_ROLE"), task=os.environ.get("RALPH_TASK_ID"))))
-    session.append_event("human.question", {"id": question.id, "text": text, "in_run": True,
-                                            "deadline": question.deadline.isoformat()},
-                         source=os.environ.get("RALPH_ROLE") or "cli", run=run)
+    try:
+        session.append_event("human.question", {"id": question.id, "text": text,
+                                                "in_run": True,
+                                                "deadline": question.deadline.isoformat()},
+                             source=os.environ.get("RALPH_ROLE") or "cli", run=run)
+    except RunOver:   # the run ended meanwhile: nobody would hear the answer
+        questions.resolve(session.dir, question, questions.QuestionStatus.CANCELLED,
+                          clock.now())
+        raise
     on_term = waiting is None
     waiting = waiting or Waiting()
     woken = waiting.woken

@@ -1,26 +1,28 @@
 """`ralph mcp`: the agent's tools as an MCP server over stdio, bound to one session.
 
-The same verbs as `ralph emit` and `ralph tools ...`, with the same checks (the gates,
-the run's own lease: an event of a run that is over is refused) and the same one-line
-errors, returned as MCP tool errors. `ask` blocks until a human answers, and reports
-progress to the client meanwhile so that it does not give up. Built on the official
-`mcp` SDK; started for every agent run, so it imports the SDK and nothing else heavy.
+The same verbs as `ralph emit` and `ralph tools ...`, with the same checks (a dotted
+topic, the blocker and confidence schemas, the run's own lease: an event of a run that
+is over is refused; the quality gates judge the run's events when the engine collects
+them, however they came) and the same one-line errors, returned as MCP tool errors.
+`ask` blocks until a human answers, and reports progress to the client meanwhile so that
+it does not give up. Built on the official `mcp` SDK; started for every agent run, so it
+imports the SDK and, until a tool needs more (a question, a poll, the status), little
+else.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from session_store import BadInput, DiskFault, load
+from session_store._errors import BadInput, DiskFault
 
 from .emit import EmitError, check, publish
-from .interact import Waiting, ask_and_wait
-from .signals import poll
 
 # seconds between progress notifications while `ask` waits (tests shorten it)
 PROGRESS_EVERY = float(os.environ.get("RALPH_TEST_MCP_PROGRESS_EVERY") or 10.0)
@@ -37,7 +39,7 @@ def build(session_dir: str) -> MCPServer:
     workspace = os.path.dirname(os.path.dirname(session_dir))
     session_id = os.path.basename(session_dir)
     server = MCPServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
-    waits: set[Waiting] = set()
+    waits: set = set()   # the Waiting of each `ask` that waits now
 
     def publish_checked(topic: str, payload) -> str:
         try:
@@ -66,6 +68,8 @@ def build(session_dir: str) -> MCPServer:
     async def ask(question: str, ctx: Context, options: list[str] | None = None,
                   default: str | None = None, timeout_seconds: float | None = None) -> str:
         import anyio
+
+        from .interact import Waiting, ask_and_wait   # yaml, cattrs: when a question comes
         waiting = Waiting()
         waits.add(waiting)
         result: list = []
@@ -96,7 +100,7 @@ def build(session_dir: str) -> MCPServer:
             if not result:          # the call was cancelled: the answer goes to a next run
                 waiting.cancel()
         outcome = result[0]
-        if isinstance(outcome, BadInput):
+        if isinstance(outcome, (BadInput, DiskFault)):
             raise ToolError(str(outcome))
         if isinstance(outcome, BaseException):
             raise outcome
@@ -115,6 +119,7 @@ def build(session_dir: str) -> MCPServer:
         "Take the guidance (STEER / INFO) humans sent to your role while you run; call it "
         "at your step boundaries. Also lists a PAUSE or ABORT the engine will act on."))
     def signals_poll(role: str | None = None) -> str:
+        from .signals import poll
         try:
             return json.dumps(poll(session_dir, role or os.environ.get("RALPH_ROLE") or ""))
         except BadInput as e:
@@ -139,6 +144,7 @@ def build(session_dir: str) -> MCPServer:
         return json.dumps(view, default=str)
 
     def iteration():
+        from session_store import load
         return load(workspace, session_id).iteration()
 
     @server.resource("ralph://plan", mime_type="text/markdown",
@@ -154,16 +160,20 @@ def build(session_dir: str) -> MCPServer:
     @server.resource("ralph://scratchpad", mime_type="text/markdown",
                      description="The session's scratchpad: notes and human guidance.")
     def scratchpad() -> str:
+        from session_store import load
         return load(workspace, session_id).scratchpad() or ""
 
     def stop(_signum, _frame) -> None:
         # the run is being stopped: a question waited on stays answerable, and its answer
-        # goes to the next run of this unit of work
+        # goes to the next run of this unit of work; a signal being taken is marked first
         for waiting in list(waits):
             waiting.cancel()
         deadline = time.monotonic() + 2
         while waits and time.monotonic() < deadline:
             time.sleep(0.01)
+        taking = sys.modules.get(f"{__package__}.signals")   # imported by a poll, if any
+        if taking is not None:
+            taking.TAKING.acquire(timeout=max(0.0, deadline - time.monotonic()))
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stop)

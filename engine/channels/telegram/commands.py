@@ -241,15 +241,16 @@ class Commands:
         make_dirs(self.state_dir)
         log_path = os.path.join(self.state_dir, f"resume-{sid}.log")
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        from ...agents import containment
         try:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "engine", "session", "resume", sid, "--workspace", self.ws],
-                cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                start_new_session=True)
+            with containment.spawning():   # not an agent's orphan: the engine started it
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "engine", "session", "resume", sid, "--workspace",
+                     self.ws], cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                    start_new_session=True)
+                containment.spare(child.pid)
         finally:
             os.close(fd)
-        from ...agents import containment
-        containment.spare(child.pid)   # not an agent's orphan: the engine started it
         # reaped the moment it ends (no zombie, no periodic check)
         threading.Thread(target=child.wait, name=f"reap-{child.pid}", daemon=True).start()
         self.log(f"resuming session {sid} (pid {child.pid}; output in {log_path})")
