@@ -43,7 +43,8 @@ class Sleepy(Brain):
         self.seconds = seconds
 
     def executor(self, turn: Turn):
-        me = 'echo "$1 $(cut -d" " -f22 /proc/$1/stat)" >> "$RALPH_WORKSPACE/pids.txt"'
+        # no $(...): Gemini CLI's shell tool refuses command substitution
+        me = '{ printf "%s " "$1"; cut -d" " -f22 "/proc/$1/stat"; } >> "$RALPH_WORKSPACE/pids.txt"'
         if turn.step == 0:
             return Shell(f'note() {{ {me}; }}; note $$; if [ "$RALPH_ATTEMPT" = 1 ]; then '
                          f'sleep {self.seconds} & note $!; wait; fi; '
