@@ -13,7 +13,6 @@ import fcntl
 import itertools
 import json
 import os
-import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
@@ -83,15 +82,7 @@ def locked(session_dir: str, wait_seconds: float | None = None):
         if wait_seconds is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
         else:
-            deadline = time.monotonic() + wait_seconds
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.005)
+            _lock.flock_within(fd, wait_seconds)   # not had: go on (see above)
         yield fd
     finally:
         os.close(fd)  # closing releases the flock

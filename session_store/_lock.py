@@ -97,21 +97,28 @@ def run_over(session_dir: str, run: str) -> str | None:
         os.close(fd)
 
 
-def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> Lease:
-    """Take the lock or raise SessionLocked naming the holder's pid."""
-    fd = _open(session_dir)
-    deadline = time.monotonic() + wait_seconds  # a `status` probe holds it for microseconds
+def flock_within(fd: int, seconds: float) -> bool:
+    """An exclusive flock on `fd`, waited for at most `seconds`; False when not had."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                holder = _holder(fd)
-                os.close(fd)
-                raise SessionLocked(f"session {session_id} is locked by a running engine "
-                                    f"(pid {holder})") from None
-            time.sleep(0.01)
+                return False
+            time.sleep(0.005)
+
+
+def acquire(session_dir: str, session_id: str, wait_seconds: float = 0.2) -> Lease:
+    """Take the lock or raise SessionLocked naming the holder's pid."""
+    fd = _open(session_dir)
+    # a `status` probe holds it for microseconds
+    if not flock_within(fd, wait_seconds):
+        holder = _holder(fd)
+        os.close(fd)
+        raise SessionLocked(f"session {session_id} is locked by a running engine "
+                            f"(pid {holder})")
     lease = Lease(session_dir, fd)
     try:
         # under the bus's lock, like every rewrite: an emitter checking its run between
