@@ -7,6 +7,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from datetime import datetime, timezone
 
 import attrs
@@ -50,6 +51,18 @@ def ratio(value: float, baseline: float, digits: int = 2) -> str:
     if not baseline:
         return "n/a"
     return f"{value / baseline:.{digits}f}"
+
+
+def timed_run(argv: list[str], env: dict, cwd: str, what: str) -> float:
+    """Wall seconds of one command run to its end; a failing one stops the bench."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} bench: {' '.join(argv)} exited {proc.returncode}: "
+                           f"{proc.stderr.decode()[-500:]}")
+    return elapsed
 
 
 def ralph_script() -> str:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from _common import Row, median, ms, now, ralph_script, ratio, say
+from _common import Row, median, ms, now, ralph_script, ratio, say, timed_run
 
 AIMS = {"poll": 1.5, "poll_taking": 1.5, "progress": 1.5, "signal": 3.0, "answer": 3.0,
         "status": 3.0, "list1": 3.0, "list100": 3.0}
@@ -114,13 +114,7 @@ def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
             commands["answer"] = ([ralph, "session", "answer", "b1", "yes", "--question", qid],
                                   human, workspace)
             for key, (argv, cmd_env, cwd) in commands.items():
-                start = time.perf_counter()
-                proc = subprocess.run(argv, env=cmd_env, cwd=cwd, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE)
-                elapsed = time.perf_counter() - start
-                if proc.returncode != 0:
-                    raise RuntimeError(f"commands bench: {' '.join(argv)} exited "
-                                       f"{proc.returncode}: {proc.stderr.decode()[-400:]}")
+                elapsed = timed_run(argv, cmd_env, cwd, "commands")
                 if i >= warmup:
                     times[key].append(elapsed)
             elapsed = _mcp_first_call([ralph, "mcp"], env, workspace)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-from _common import Row, median, ms, now, ralph_script, ratio, say
+from _common import Row, median, ms, now, ralph_script, ratio, say, timed_run
 
 
 def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
@@ -46,13 +44,7 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
         times: dict[str, list[float]] = {k: [] for k in commands}
         for i in range(warmup + runs):
             for key, argv in commands.items():
-                start = time.perf_counter()
-                proc = subprocess.run(argv, env=env, cwd=workspace, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE)
-                elapsed = time.perf_counter() - start
-                if proc.returncode != 0:
-                    raise RuntimeError(f"emit bench: {' '.join(argv)} exited "
-                                       f"{proc.returncode}: {proc.stderr.decode()[-500:]}")
+                elapsed = timed_run(argv, env, workspace, "emit")
                 if i >= warmup:
                     times[key].append(elapsed)
         ticks = [r for r in read_events(session.dir)[0] if r["topic"] == "bench.tick"]
