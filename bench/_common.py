@@ -8,12 +8,11 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import attrs
 
-
-@attrs.define
+@dataclass(slots=True)
 class Row:
     """One line of the final table. `ratio` is always value / baseline."""
     bench: str

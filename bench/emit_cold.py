@@ -37,7 +37,7 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
             "base": [py, "-c", "pass"],
             "ralph": [ralph, "emit", "bench.tick", "from the console script"],
             "module": [py, "-m", "engine", "emit", "bench.tick", "from python -m engine"],
-            "libs": [py, "-c", "import transitions, cattrs, yaml"],
+            "libs": [py, "-c", "import transitions, attrs, yaml"],
             "nosite": [py, "-S", "-c", "pass"],
         }
         say(f"emit: {len(commands)} commands x {runs} runs (+{warmup} warm-up), interleaved")
@@ -66,7 +66,7 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
         Row("2 emit cold start", "`python -m engine emit`, median",
             ms(med["module"], 1), base_label, ratio(med["module"], med["base"]),
             note=f"+{ms(med['module'] - med['base'], 1)} over the interpreter"),
-        Row("2 emit cold start", "context: `python -c \"import transitions, cattrs, yaml\"`",
+        Row("2 emit cold start", "context: `python -c \"import transitions, attrs, yaml\"`",
             ms(med["libs"], 1), base_label, ratio(med["libs"], med["base"]),
             note="what emit would cost if it imported the engine's libraries"),
         Row("2 emit cold start", "context: `python -S -c pass` (no site, no .pth)",

@@ -1,11 +1,13 @@
-"""ralph.yml: attrs classes loaded strictly through cattrs; every error carries its path."""
+"""ralph.yml: attrs classes loaded strictly (session_store.structure_each); every error
+carries its path."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import os
+from dataclasses import dataclass, field
 
-import attrs
 
 from session_store import ROLES, BadInput, parse_yaml, shown, structure_each, unstructure
 
@@ -42,17 +44,17 @@ class Approval(enum.Enum):
     SKIP = "skip"
 
 
-@attrs.define
+@dataclass(slots=True)
 class Prices:
     """USD per million tokens: what a run costs when its CLI reports tokens, not USD."""
     input: float = 0.0
     output: float = 0.0
 
 
-@attrs.define
+@dataclass(slots=True)
 class AgentConfig:
     backend: Backend = Backend.DEMO
-    command: list[str] = attrs.Factory(list)
+    command: list[str] = field(default_factory=list)
     prompt_mode: PromptMode = PromptMode.STDIN
     timeout_seconds: float = 1800.0
     script: str | None = None
@@ -60,7 +62,7 @@ class AgentConfig:
     mcp: bool = True                # wire `ralph mcp` into runs of CLIs that take it
 
 
-@attrs.define
+@dataclass(slots=True)
 class AgentOverride:
     """A role's changes to the top-level agent: only the keys it sets."""
     backend: Backend | None = None
@@ -72,23 +74,23 @@ class AgentOverride:
     mcp: bool | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class RoleConfig:
     instructions: str | None = None
     agent: AgentOverride | None = None
     enabled: bool = True   # the questioner's switch (off by default); the others always run
 
 
-@attrs.define
+@dataclass(slots=True)
 class Roles:
-    planner: RoleConfig = attrs.Factory(RoleConfig)
-    executor: RoleConfig = attrs.Factory(RoleConfig)
-    reviewer: RoleConfig = attrs.Factory(RoleConfig)
-    librarian: RoleConfig = attrs.Factory(RoleConfig)
-    questioner: RoleConfig = attrs.Factory(lambda: RoleConfig(enabled=False))
+    planner: RoleConfig = field(default_factory=RoleConfig)
+    executor: RoleConfig = field(default_factory=RoleConfig)
+    reviewer: RoleConfig = field(default_factory=RoleConfig)
+    librarian: RoleConfig = field(default_factory=RoleConfig)
+    questioner: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
 
 
-@attrs.define
+@dataclass(slots=True)
 class EventLoop:
     max_iterations: int = 50
     max_runtime_seconds: float = 14400.0
@@ -96,29 +98,29 @@ class EventLoop:
     cooldown_delay_seconds: float = 0.0
 
 
-@attrs.define
+@dataclass(slots=True)
 class Telegram:
     bot_token: str | None = None
     api_url: str | None = None
-    allowed_chat_ids: list[int] = attrs.Factory(list)
+    allowed_chat_ids: list[int] = field(default_factory=list)
 
 
-@attrs.define
+@dataclass(slots=True)
 class RObot:
     enabled: bool = False
     timeout_seconds: float = 600.0
     on_timeout: OnTimeout = OnTimeout.CONTINUE
-    telegram: Telegram = attrs.Factory(Telegram)
+    telegram: Telegram = field(default_factory=Telegram)
 
 
-@attrs.define
+@dataclass(slots=True)
 class Knowledge:
     approval: Approval = Approval.AUTO
     timeout_seconds: float = 3600.0
     docs_dir: str = ".docs"
 
 
-@attrs.define
+@dataclass(slots=True)
 class Fallback:
     enabled: bool = True
     confidence_threshold: float = 0.7
@@ -133,21 +135,21 @@ class Fallback:
     full_human_control: float = 0.3
 
 
-@attrs.define
+@dataclass(slots=True)
 class Blockers:
     trace_path: str | None = None   # a context-graph JSONL file every blocker is appended to
     repeat_limit: int = 3           # the same cause this often pauses the session
 
 
-@attrs.define
+@dataclass(slots=True)
 class Config:
-    agent: AgentConfig = attrs.Factory(AgentConfig)
-    roles: Roles = attrs.Factory(Roles)
-    event_loop: EventLoop = attrs.Factory(EventLoop)
-    RObot: RObot = attrs.Factory(RObot)
-    knowledge: Knowledge = attrs.Factory(Knowledge)
-    fallback: Fallback = attrs.Factory(Fallback)
-    blockers: Blockers = attrs.Factory(Blockers)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    roles: Roles = field(default_factory=Roles)
+    event_loop: EventLoop = field(default_factory=EventLoop)
+    RObot: RObot = field(default_factory=RObot)
+    knowledge: Knowledge = field(default_factory=Knowledge)
+    fallback: Fallback = field(default_factory=Fallback)
+    blockers: Blockers = field(default_factory=Blockers)
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled
@@ -156,8 +158,9 @@ class Config:
         override = getattr(self.roles, role).agent
         if override is None:
             return self.agent
-        changes = {k: v for k, v in attrs.asdict(override, recurse=False).items() if v is not None}
-        return attrs.evolve(self.agent, **changes)
+        changes = {f.name: getattr(override, f.name) for f in dataclasses.fields(override)
+                   if getattr(override, f.name) is not None}
+        return dataclasses.replace(self.agent, **changes)
 
 
 def _range_errors(config: Config) -> list[str]:
@@ -168,9 +171,9 @@ def _range_errors(config: Config) -> list[str]:
     def finite(path, obj):
         """NaN passes every comparison below, infinity every upper bound: neither is a
         number a session can wait for (timedelta(seconds=nan) raises mid-session)."""
-        for f in attrs.fields(type(obj)):
+        for f in dataclasses.fields(type(obj)):
             value = getattr(obj, f.name)
-            if attrs.has(type(value)):
+            if dataclasses.is_dataclass(type(value)):
                 finite(f"{path}{f.name}.", value)
             elif isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"$.{path}{f.name}: expected a finite number, got {value}")
@@ -275,8 +278,8 @@ def to_data(config: Config) -> dict:
 
 def without_secrets(config: Config) -> Config:
     """The config as a session keeps it: the Telegram token never lands in a session."""
-    return attrs.evolve(config, RObot=attrs.evolve(
-        config.RObot, telegram=attrs.evolve(config.RObot.telegram, bot_token=None)))
+    return dataclasses.replace(config, RObot=dataclasses.replace(
+        config.RObot, telegram=dataclasses.replace(config.RObot.telegram, bot_token=None)))
 
 
 def load_session_config(session) -> Config:

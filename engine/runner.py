@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import shlex
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
-import attrs
 
 from session_store import Lease, PauseKind, PlannedTask, RunFiles, Session
 from session_store._events import REFUSED
@@ -33,7 +33,7 @@ SECRET_ENV = ("RALPH_TELEGRAM_BOT_TOKEN",)
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
 
 
-@attrs.define
+@dataclass(slots=True)
 class RunResult:
     """What the observers see of a run."""
     role: str
@@ -46,7 +46,7 @@ class RunResult:
 Observer = Callable[[RunResult], "Next | None"]
 
 
-@attrs.define
+@dataclass(slots=True)
 class _Prepared:
     invocation: Invocation
     guidance_ids: list[str]

@@ -9,7 +9,8 @@ goes into the next one.
 """
 from __future__ import annotations
 
-import attrs
+
+import dataclasses
 
 from session_store import (Iteration, IterationMetadata, PlannedTask, Session, State,
                            progress)
@@ -65,7 +66,7 @@ class Tracker:
             else:
                 # tasks_before goes with the iteration's first write: the session's counts
                 # stand still until its plan, and are persisted by the transition into it
-                meta = it.start(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
+                meta = it.start(self.clock.now(), tasks_before=dataclasses.replace(self.metadata.tasks))
                 lines = []
             self._current = (it, meta, lines)
             # run numbers name the logs: never reuse one a crash left unrecorded

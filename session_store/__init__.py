@@ -23,8 +23,8 @@ _WHERE = {
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",
     "TaskCounts": "_metadata",
     "write_atomic": "_atomic", "make_dirs": "_atomic",
-    "structure": "_schema", "parse_yaml": "_schema", "dump_yaml": "_schema",
-    "unstructure": "_schema", "shown": "_schema", "structure_each": "_schema",
+    "parse_yaml": "_schema", "dump_yaml": "_schema", "dump_plain": "_schema", "shown": "_schema",
+    "structure": "_convert", "unstructure": "_convert", "structure_each": "_convert",
 }
 _RENAMED = {"acquire_lock": ("_lock", "acquire"), "running_pid": ("_lock", "running_pid")}
 _MODULES = ("progress", "signals", "questions")

@@ -5,8 +5,8 @@ what to watch and what a changed path means, instead of parsing paths itself."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-import attrs
 
 from ._errors import BadInput
 from ._events import EVENTS_FILE
@@ -16,7 +16,7 @@ from ._session import check_id
 QUESTIONS_DIR = "questions"
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Change:
     session: str
     what: str                   # session (its directory) | events | question

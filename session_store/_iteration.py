@@ -6,22 +6,23 @@ from __future__ import annotations
 import os
 import re
 import stat
+from dataclasses import dataclass
 from datetime import datetime
 
-import attrs
 
 from . import _progress
 from ._atomic import disk, durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
+from ._convert import structure, unstructure
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
-from ._schema import dump_plain, parse_yaml, structure, unstructure
+from ._schema import dump_plain, parse_yaml
 
 METADATA_FILE = "metadata.yaml"
 ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge", "logs")
 _OUTCOME = re.compile(r"^- outcome: (\w+)", re.MULTILINE)
 
 
-@attrs.define
+@dataclass(slots=True)
 class Attempt:
     """One run of a role on a task, as its report records it."""
     task_id: str
@@ -34,7 +35,7 @@ class Attempt:
     output_tail: str
 
 
-@attrs.define
+@dataclass(slots=True)
 class RunFiles:
     """Where one agent run's prompt and output are kept."""
     prompt: str
@@ -67,8 +68,7 @@ class Iteration:
         """Make the iteration's directories and its metadata (with `fields`, e.g.
         tasks_before), not yet written: its first save (the plan's commit point) writes it
         whole, so a crash never leaves it half-initialised."""
-        for sub in ITERATION_SUBDIRS:
-            make_dirs(self.path(sub))
+        make_dirs(*(self.path(sub) for sub in ITERATION_SUBDIRS))
         return IterationMetadata(iteration=self.number, started_at=now, **fields)
 
     def create(self, now: datetime, **fields) -> IterationMetadata:

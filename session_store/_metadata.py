@@ -4,16 +4,16 @@ Small on purpose: history goes to events.jsonl, so these never grow with the ses
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
-import attrs
 
 from ._types import PauseKind, State, Status
 
 SCHEMA_VERSION = 1
 
 
-@attrs.define
+@dataclass(slots=True)
 class LastTransitionRecord:
     n: int
     trigger: str
@@ -23,7 +23,7 @@ class LastTransitionRecord:
     at: datetime
 
 
-@attrs.define
+@dataclass(slots=True)
 class Orchestrator:
     state: State = State.PLANNING
     previous_state: State | None = None
@@ -34,7 +34,7 @@ class Orchestrator:
     last_transition: LastTransitionRecord | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class TaskCounts:
     total: int = 0
     completed: int = 0
@@ -42,28 +42,28 @@ class TaskCounts:
     pending: int = 0
 
 
-@attrs.define
+@dataclass(slots=True)
 class Limits:
     max_iterations: int = 50
     max_runtime_seconds: float = 14400.0
     max_cost_usd: float | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class RoleUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
 
 
-@attrs.define
+@dataclass(slots=True)
 class Usage:
     cost_usd: float = 0.0
     runtime_seconds: float = 0.0
     agent_invocations: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    by_role: dict[str, RoleUsage] = attrs.Factory(dict)
+    by_role: dict[str, RoleUsage] = field(default_factory=dict)
 
     def add(self, role: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
         mine = self.by_role.setdefault(role, RoleUsage())
@@ -73,7 +73,7 @@ class Usage:
             usage.cost_usd = round(usage.cost_usd + cost_usd, 6)
 
 
-@attrs.define
+@dataclass(slots=True)
 class Assessment:
     """The fallback assessor's last verdict (seed 004)."""
     confidence: float
@@ -84,13 +84,13 @@ class Assessment:
     at: datetime
 
 
-@attrs.define
+@dataclass(slots=True)
 class Observations:
     """What the assessor reads: agents' reports and what the engine saw itself. Fixed
     size: counters and the latest reports, never a history."""
-    reported: dict[str, float] = attrs.Factory(dict)  # factor scores, complexity, risk, ambiguity
-    approaches: list[str] = attrs.Factory(list)
-    missing: list[str] = attrs.Factory(list)
+    reported: dict[str, float] = field(default_factory=dict)  # factor scores, complexity, risk, ambiguity
+    approaches: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
     gates_passed: int = 0
     gates_failed: int = 0
     errors: int = 0                    # consecutive failed or empty runs of one unit of work
@@ -101,7 +101,7 @@ class Observations:
     last: Assessment | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class SessionMetadata:
     session_id: str
     objective: str
@@ -112,17 +112,17 @@ class SessionMetadata:
     status: Status = Status.ACTIVE
     iteration: int = 1
     batch: int = 1
-    orchestrator: Orchestrator = attrs.Factory(Orchestrator)
-    tasks: TaskCounts = attrs.Factory(TaskCounts)
-    limits: Limits = attrs.Factory(Limits)
-    usage: Usage = attrs.Factory(Usage)
+    orchestrator: Orchestrator = field(default_factory=Orchestrator)
+    tasks: TaskCounts = field(default_factory=TaskCounts)
+    limits: Limits = field(default_factory=Limits)
+    usage: Usage = field(default_factory=Usage)
     pending_question: str | None = None
-    fallback: Observations = attrs.Factory(Observations)
+    fallback: Observations = field(default_factory=Observations)
     config_path: str | None = None
     completed_at: datetime | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class PlannedTask:
     id: str
     title: str
@@ -130,30 +130,30 @@ class PlannedTask:
     batch: int = 1
 
 
-@attrs.define
+@dataclass(slots=True)
 class Rejection:
     task: str
     reason: str
 
 
-@attrs.define
+@dataclass(slots=True)
 class IterationMetadata:
     iteration: int
     started_at: datetime
     planning_completed_at: datetime | None = None
     completed_at: datetime | None = None
-    tasks_defined: list[PlannedTask] = attrs.Factory(list)
+    tasks_defined: list[PlannedTask] = field(default_factory=list)
     questioner_done: bool = False
     librarian_done: bool = False
     knowledge_staged: bool = False
     knowledge_decision: str | None = None   # promoted | skipped | carried
     knowledge_decided_by: str | None = None  # the APPROVE/SKIP signal that decided, if any
-    rejections: list[Rejection] = attrs.Factory(list)
+    rejections: list[Rejection] = field(default_factory=list)
     knowledge_deadline: datetime | None = None
-    failed_batches: list[int] = attrs.Factory(list)   # batches that paused the session
+    failed_batches: list[int] = field(default_factory=list)   # batches that paused the session
     # the session's task counts when this iteration began, so the session total is
     # always this plus the iteration's own progress.md (no history in metadata)
-    tasks_before: TaskCounts = attrs.Factory(TaskCounts)
+    tasks_before: TaskCounts = field(default_factory=TaskCounts)
 
     def batches(self) -> list[int]:
         return sorted({t.batch for t in self.tasks_defined})

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-import attrs
 
 TODO, IN_PROGRESS, DONE, FAILED, CANCELLED = " ", "/", "x", "F", "C"
 MARKERS = (TODO, IN_PROGRESS, DONE, FAILED, CANCELLED)
@@ -13,7 +13,7 @@ _LINE = re.compile(r"^- \[(?P<marker>.)\] (?P<id>[^:\s]+): (?P<title>.*?) \(batc
                    r"(?: — (?P<note>.*))?$")
 
 
-@attrs.define
+@dataclass(slots=True)
 class TaskLine:
     id: str
     title: str

@@ -14,13 +14,14 @@ from __future__ import annotations
 import enum
 import os
 import stat
+from dataclasses import dataclass, field
 from datetime import datetime
 
-import attrs
 
 from ._atomic import create_exclusive, write_atomic
+from ._convert import structure, unstructure
 from ._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
-from ._schema import dump_yaml, parse_yaml, shown, structure, unstructure
+from ._schema import dump_plain, parse_yaml, shown
 from ._session import check_id
 
 UNDELIVERABLE = ".undeliverable"   # questions/<QID>.undeliverable: a channel gave up on it
@@ -33,7 +34,7 @@ class QuestionStatus(enum.Enum):
     CANCELLED = "cancelled"
 
 
-@attrs.define
+@dataclass(slots=True)
 class QuestionContext:
     session: str
     state: str
@@ -42,7 +43,7 @@ class QuestionContext:
     task: str | None = None
 
 
-@attrs.define
+@dataclass(slots=True)
 class Question:
     id: str
     text: str
@@ -53,7 +54,7 @@ class Question:
     kind: str = "loop"   # loop (human.interact) | in_run (tools interact ask) | fallback | checkin
     fallback_type: str | None = None     # for kind fallback: clarification, guidance, ...
     status: QuestionStatus = QuestionStatus.PENDING
-    options: list[str] = attrs.Factory(list)
+    options: list[str] = field(default_factory=list)
     default: str | None = None
     resolved_at: datetime | None = None
     late_answer_delivered: bool = False
@@ -72,7 +73,7 @@ class Question:
         return f"{c.iteration}/{c.role or ''}/{c.task or ''}"
 
 
-@attrs.define
+@dataclass(slots=True)
 class Undeliverable:
     """`questions/<QID>.undeliverable`: a channel gave up delivering the question."""
     question: str
@@ -80,7 +81,7 @@ class Undeliverable:
     channel: str
 
 
-@attrs.define
+@dataclass(slots=True)
 class Answer:
     question: str
     text: str
@@ -133,12 +134,12 @@ def new_question_id(now: datetime) -> str:
 
 
 def ask(session_dir: str, question: Question) -> Question:
-    write_atomic(_qpath(session_dir, question.id), dump_yaml(unstructure(question)), "question")
+    write_atomic(_qpath(session_dir, question.id), dump_plain(unstructure(question)), "question")
     return question
 
 
 def save_question(session_dir: str, question: Question) -> None:
-    write_atomic(_qpath(session_dir, question.id), dump_yaml(unstructure(question)),
+    write_atomic(_qpath(session_dir, question.id), dump_plain(unstructure(question)),
                  "question-status")
 
 
@@ -221,7 +222,7 @@ def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str
         raise AlreadyAnswered(f"question {qid} is already answered")
     text = chosen_option(question.options, text, qid)
     result = Answer(question=qid, text=text, answered_at=now, channel=channel)
-    if not create_exclusive(_apath(session_dir, qid), dump_yaml(unstructure(result)), "answer"):
+    if not create_exclusive(_apath(session_dir, qid), dump_plain(unstructure(result)), "answer"):
         raise AlreadyAnswered(f"question {qid} is already answered")
     return result
 
@@ -265,7 +266,7 @@ def mark_undeliverable(session_dir: str, qid: str, now: datetime, *,
             or has_answer(session_dir, qid):
         return False
     mark = Undeliverable(question=qid, at=now, channel=channel)
-    return create_exclusive(_mpath(session_dir, qid), dump_yaml(unstructure(mark)),
+    return create_exclusive(_mpath(session_dir, qid), dump_plain(unstructure(mark)),
                             "question-undeliverable")
 
 

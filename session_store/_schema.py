@@ -1,55 +1,18 @@
-"""Strict YAML <-> attrs classes: wrong type, unknown key or unknown enum value is an
-error naming the file and the `$.path`."""
+"""The store's YAML: PyYAML (imported only when needed) for what people and agents write,
+and a fast dialect of its own for what the store writes: block mappings and lists of
+plain scalars, strings as JSON strings (which YAML reads as double-quoted scalars).
+`dump_plain` writes it, `parse_yaml` reads it without PyYAML (any other YAML goes to
+PyYAML, so a hand-edited file reads as it always did)."""
 from __future__ import annotations
 
-import difflib
-import enum
 import json
 import re
 import reprlib
-import types
-import typing
-from datetime import datetime, timezone
-
-import attrs
-import cattrs
-import yaml
 
 from ._errors import BadInput
 
-try:
-    _Loader, _Dumper = yaml.CSafeLoader, yaml.CSafeDumper
-except AttributeError:  # pragma: no cover - pyyaml without libyaml
-    _Loader, _Dumper = yaml.SafeLoader, yaml.SafeDumper
-
-
 # YAML 1.1 reads unquoted yes/no/on/off/true/false as booleans
 BOOLEAN_HINT = "(YAML reads unquoted yes/no/on/off/true/false as booleans: quote the value)"
-
-
-def _strict(kind, name):
-    def structure(value, _type):
-        if type(value) is bool and kind is not bool:
-            raise TypeError(f"expected {name}, got a boolean"
-                            + (f" {BOOLEAN_HINT}" if kind is str else ""))
-        if not isinstance(value, kind):
-            raise TypeError(f"expected {name}, got {type(value).__name__}")
-        return value
-    return structure
-
-
-def _structure_float(value, _type):
-    if type(value) is bool or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _structure_datetime(value, _type):
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if not isinstance(value, datetime):
-        raise TypeError(f"expected an ISO 8601 time, got {type(value).__name__}")
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 _REPR = reprlib.Repr()
@@ -68,54 +31,23 @@ def shown(value) -> str:
         return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
-def _structure_enum(value, cls):
-    # only scalars reach Enum(): its own error shows repr(value), which never ends for
-    # an alias bomb
-    if isinstance(value, (str, int, float)):
-        try:
-            return cls(value)
-        except (ValueError, TypeError):
-            pass
-    allowed = ", ".join(str(m.value) for m in cls)
-    hint = f" {BOOLEAN_HINT}" if type(value) is bool else ""
-    raise ValueError(f"expected one of {allowed}, got {shown(value)}{hint}")
-
-
-def make_converter() -> cattrs.Converter:
-    c = cattrs.Converter(forbid_extra_keys=True)
-    c.register_structure_hook(int, _strict(int, "an integer"))
-    c.register_structure_hook(str, _strict(str, "a string"))
-    c.register_structure_hook(bool, _strict(bool, "a boolean"))
-    c.register_structure_hook(float, _structure_float)
-    c.register_structure_hook(datetime, _structure_datetime)
-    c.register_unstructure_hook(datetime, lambda d: d.isoformat())
-    c.register_structure_hook_func(lambda t: isinstance(t, type) and issubclass(t, enum.Enum),
-                                   _structure_enum)
-    c.register_unstructure_hook_func(lambda t: isinstance(t, type) and issubclass(t, enum.Enum),
-                                     lambda e: e.value)
-    return c
-
-
-converter = make_converter()
-
-
-def structure_errors(exc: BaseException) -> list[str]:
-    """Every error of a failed structure, as `what @ $.path`."""
-    return cattrs.transform_error(exc, format_exception=lambda e, _t: _describe_msg(e))
-
-
-def _describe_msg(exc: BaseException) -> str:
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):   # keys may be None, 1, [a]...
-        keys = sorted(k if isinstance(k, str) else shown(k) for k in exc.extra_fields)
-        return f"unknown key {', '.join(keys)}"
-    if isinstance(exc, KeyError):
-        return "required key missing"
-    return str(exc)
-
-
 def parse_yaml(text: str | bytes, source: str):
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return _pyyaml_load(text, source)   # PyYAML names what is wrong
     try:
-        return yaml.load(text, Loader=_Loader)
+        return load_plain(text)
+    except (NotPlain, ValueError, RecursionError):   # PyYAML reads it, or names the error
+        return _pyyaml_load(text, source)
+
+
+def _pyyaml_load(text: str | bytes, source: str):
+    import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -129,7 +61,11 @@ def parse_yaml(text: str | bytes, source: str):
 
 
 def dump_yaml(data) -> str:
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    """YAML as people read it best (PyYAML's block style): config snapshots, CLI output,
+    files holding what others wrote (any YAML value). The store's own files: dump_plain."""
+    import yaml
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 # --- plain documents, fast ---
@@ -208,89 +144,116 @@ def _sequence(items: list, pad: str, out: list[str]) -> None:
             out.append(f"{pad}- {_flow(v)}")
 
 
-def structure(data, cls, source: str):
-    """Build `cls` from plain data; BadInput naming `source` and the path otherwise."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise BadInput(f"{source}: $: expected a mapping, got {type(data).__name__}")
+class NotPlain(Exception):
+    """The text is not in dump_plain's dialect (PyYAML reads it instead)."""
+
+
+# besides _UNSAFE (what dump_plain escapes: what YAML refuses, or folds in a quoted string),
+# the control characters JSON escapes too (a tab, a CR): none is in the dialect
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
+_PLAIN_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:e[-+][0-9]+)?\Z")   # as PyYAML's resolver
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON pairs them, YAML does not
+_KEY = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: |\Z)')
+_JSON = json.JSONDecoder()
+_WORDS = {"null": None, "true": True, "false": False}
+
+
+def load_plain(text: str) -> dict:
+    """What PyYAML reads from `text`, when `text` is in dump_plain's dialect (a mapping at
+    the top); else NotPlain. Anything it accepts, PyYAML reads the same."""
+    if not text.endswith("\n") or _CONTROL.search(text) or _UNSAFE.search(text):
+        raise NotPlain
+    lines = text[:-1].split("\n")
+    end, data = _load_mapping(lines, 0, 0)
+    if end != len(lines):
+        raise NotPlain
+    return data
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _load_mapping(lines: list[str], i: int, indent: int) -> tuple[int, dict]:
+    out: dict = {}
+    while i < len(lines) and _indent(lines[i]) >= indent:
+        if _indent(lines[i]) != indent:
+            raise NotPlain
+        key, rest = _load_key(lines[i][indent:])
+        if rest is None:   # a block below
+            i, out[key] = _load_block(lines, i + 1, indent + 2)
+        else:
+            out[key] = _load_scalar(rest)
+            i += 1
+    return i, out
+
+
+def _load_block(lines: list[str], i: int, indent: int) -> tuple[int, object]:
+    if i >= len(lines) or _indent(lines[i]) != indent:
+        raise NotPlain   # `key:` with nothing below is null in YAML: not written so here
+    if not lines[i].startswith("- ", indent):
+        return _load_mapping(lines, i, indent)
+    items: list = []
+    while i < len(lines) and _indent(lines[i]) == indent and lines[i].startswith("- ", indent):
+        body = lines[i][indent + 2:]
+        if _KEY.match(body) or (body.startswith('"') and _quoted_key(body) is not None):
+            lines[i] = " " * (indent + 2) + body   # the item's mapping starts on its line
+            i, item = _load_mapping(lines, i, indent + 2)
+        else:
+            item, i = _load_scalar(body), i + 1
+        items.append(item)
+    return i, items
+
+
+def _load_key(body: str) -> tuple[str, str | None]:
+    """(key, the scalar after it, or None when a block follows)."""
+    if body.startswith('"'):
+        found = _quoted_key(body)
+        if found is None:
+            raise NotPlain
+        key, end = found
+    else:
+        m = _KEY.match(body)
+        if m is None or m.group(1).lower() in _YAML11_WORDS:
+            raise NotPlain
+        key, end = m.group(1), m.end(1)
+    rest = body[end + 1:]
+    if not rest:
+        return key, None
+    if not rest.startswith(" "):
+        raise NotPlain
+    return key, rest[1:]
+
+
+def _quoted_key(body: str) -> tuple[str, int] | None:
+    """A JSON-quoted key and where it ends, when `body` starts with one and a colon."""
     try:
-        return converter.structure(data, cls)
-    except Exception as e:  # cattrs wraps every field error in a group
-        errors = structure_errors(e)
-        raise BadInput(f"{source}: {_path_first(errors[0])}") from None
+        key, end = _JSON.raw_decode(body)
+    except ValueError:
+        return None
+    if not isinstance(key, str) or body[end:end + 1] != ":" or _SURROGATE_ESCAPE.search(
+            body[:end]) or body[end + 1:end + 2] not in ("", " "):
+        return None
+    return key, end
 
 
-def structure_each(data, cls) -> tuple[object, list[str]]:
-    """Build `cls` from what is right in `data`, field by field, and list every mistake
-    (`$.path: what`, one line each): a wrong field keeps its default, so checks on the
-    values can run over the rest in the same pass. For attrs classes whose every field
-    has a default (a config)."""
-    errors: list[str] = []
-    return _each(data, cls, "$", errors), errors
-
-
-def _each(data, cls, path: str, errors: list[str]):
-    if data is None and path == "$":
-        data = {}   # an empty file
-    if not isinstance(data, dict):
-        errors.append(f"{path}: expected a mapping, got {_kind(data)}")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in attrs.fields(cls)]
-    values, unknown = {}, []
-    for key, value in data.items():
-        if key not in names:   # said after the fields' errors, as cattrs orders them
-            unknown.append(f"{path}: unknown key {key if isinstance(key, str) else shown(key)}"
-                           + _did_you_mean(key, names))
-            continue
-        where = f"{path}.{key}"
-        inner = _attrs_class(hints[key])
-        if inner is not None and isinstance(value, dict):
-            values[key] = _each(value, inner, where, errors)
-            continue
-        if inner is not None and not (value is None and _optional(hints[key])):
-            errors.append(f"{where}: expected a mapping, got {_kind(value)}")
-            continue
+def _load_scalar(text: str):
+    if text in _WORDS:
+        return _WORDS[text]
+    if text == "{}":
+        return {}
+    if text == "[]":
+        return []
+    if _PLAIN_INT.match(text):
+        return int(text)
+    if _PLAIN_FLOAT.match(text):
+        return float(text)
+    if text.startswith('"') and not _SURROGATE_ESCAPE.search(text):
         try:
-            values[key] = converter.structure(value, hints[key])
-        except Exception as e:
-            for message in structure_errors(e):
-                what, _, sub = message.rpartition(" @ $")
-                errors.append(f"{where}{sub}: {what}" if what else f"{where}: {message}")
-    errors += unknown
-    return cls(**values)
-
-
-def _did_you_mean(key, names: list[str]) -> str:
-    close = difflib.get_close_matches(key, names, n=1) if isinstance(key, str) else []
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _attrs_class(tp):
-    """The attrs class `tp` is, or is Optional of; else None."""
-    candidates = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
-    return next((c for c in candidates if attrs.has(c)), None)
-
-
-def _optional(tp) -> bool:
-    return isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def _kind(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
-        type(value), type(value).__name__)
-
-
-def _path_first(message: str) -> str:
-    """'expected x @ $.a.b' -> '$.a.b: expected x'."""
-    what, _, path = message.rpartition(" @ ")
-    return f"{path}: {what}" if what else message
-
-
-def unstructure(obj) -> dict:
-    return converter.unstructure(obj)
+            value, end = _JSON.raw_decode(text)
+        except ValueError:
+            raise NotPlain from None
+        if end == len(text) and isinstance(value, str):
+            return value
+    raise NotPlain

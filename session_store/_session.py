@@ -8,11 +8,12 @@ from datetime import datetime
 
 from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
+from ._convert import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
-from ._schema import dump_plain, dump_yaml, parse_yaml, structure, unstructure
+from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
 SESSIONS_DIR = ".ralph-sessions"
@@ -125,7 +126,7 @@ class Session:
             return None
         seen["count"] += 1
         seen["seqs"] = (seen["seqs"] + [seq])[-keep:]
-        write_atomic(path, dump_yaml(counts), "blockers")
+        write_atomic(path, dump_plain(counts), "blockers")
         return seen["count"]
 
     def has_summary(self) -> bool:
@@ -174,7 +175,7 @@ class Session:
 
     def mark_disk_fault(self, fault: DiskFault, now: datetime) -> None:
         """Record why the engine stopped; views show the session paused for it."""
-        write_atomic(os.path.join(self.dir, DISK_FAULT_FILE), dump_yaml(
+        write_atomic(os.path.join(self.dir, DISK_FAULT_FILE), dump_plain(
             {"reason": str(fault), "path": fault.path, "errno": fault.errno,
              "at": now.isoformat()}), "disk-fault")
 
@@ -218,8 +219,7 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
         raise BadInput(f"session {session_id} already exists in {root}")
     staging = os.path.join(root, f".creating-{session_id}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    for sub in SESSION_SUBDIRS:
-        make_dirs(os.path.join(staging, sub))
+    make_dirs(*(os.path.join(staging, sub) for sub in SESSION_SUBDIRS))
     meta = SessionMetadata(session_id=session_id, objective=objective, created_at=now,
                            updated_at=now, limits=limits or Limits(), config_path=config_path)
     session = Session(workspace, session_id, meta)

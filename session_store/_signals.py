@@ -12,15 +12,15 @@ import json
 import os
 import reprlib
 import stat
+from dataclasses import dataclass
 from datetime import datetime
 
-import attrs
 
 from ._atomic import (create_exclusive, disk, fsync_dir, read_nofollow, rename_durable,
                       write_atomic)
 from ._errors import BadInput
 from ._inbox import dirs, waiting  # noqa: F401 - waiting is this module's verb too
-from ._schema import dump_yaml, parse_yaml
+from ._schema import dump_plain, dump_yaml, parse_yaml
 
 TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")
 TARGETS = ("ALL", "Orchestrator", "Planner", "Executor", "Reviewer", "Librarian", "Questioner")
@@ -29,7 +29,7 @@ MAX_SIGNAL_BYTES = 1 << 20
 TAKEN = ".taken"
 
 
-@attrs.define
+@dataclass(slots=True)
 class Signal:
     name: str
     type: str
@@ -115,7 +115,7 @@ def drop(session_dir: str, kind: str, message: str, *, now: datetime, target: st
                        **({"priority": True} if priority else {})})
     inputs, _, _ = dirs(session_dir)
     stamp = f"{now.strftime('%y%m%d-%H%M%S')}-{now.microsecond // 1000:03d}"
-    text = dump_yaml(signal.fields())
+    text = dump_plain(signal.fields())
     while True:
         name = f"signal.{stamp}-{os.urandom(4).hex()}.yaml"
         if create_exclusive(os.path.join(inputs, name), text, "signal-drop"):

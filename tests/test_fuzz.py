@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import enum
 import io
 import json
@@ -30,7 +31,6 @@ import typing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import attrs
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -43,6 +43,7 @@ from engine import event_schemas
 from engine.tools import emit
 from session_store import BadInput, append_event, check_id, create, load, questions, \
     read_events, resolve_id, signals
+from session_store._schema import NotPlain, dump_plain, load_plain, parse_yaml
 
 HYPOTHESIS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -133,7 +134,7 @@ MAX_SECONDS = 1e9
 
 def _strategy_for(tp):
     origin = typing.get_origin(tp)
-    if attrs.has(tp):
+    if dataclasses.is_dataclass(tp):
         return _doc_for(tp)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*[_strategy_for(a) for a in typing.get_args(tp)])
@@ -156,7 +157,7 @@ def _strategy_for(tp):
 
 def _doc_for(cls):
     hints = typing.get_type_hints(cls, vars(cfg), vars(cfg))
-    good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in attrs.fields(cls)}
+    good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in dataclasses.fields(cls)}
     known = st.fixed_dictionaries({}, optional=good)
     unknown = st.dictionaries(st.text(min_size=1, max_size=8), JUNK, max_size=1)
     return st.builds(lambda k, u: {**k, **u}, known, unknown) | known
@@ -230,8 +231,8 @@ def _check_config(raw) -> cfg.Config | None:
 
 
 def _assert_sane(obj, path: str) -> None:
-    if attrs.has(type(obj)):
-        for f in attrs.fields(type(obj)):
+    if dataclasses.is_dataclass(type(obj)):
+        for f in dataclasses.fields(type(obj)):
             _assert_sane(getattr(obj, f.name), f"{path}.{f.name}")
     elif isinstance(obj, float):
         assert math.isfinite(obj), f"{path} = {obj} accepted"
@@ -399,6 +400,44 @@ def test_event_schema_validators_never_raise(payload):
             assert all(k in payload for k in event_schemas.BLOCKER_REQUIRED)
 
 
+# --- the store's own YAML dialect (read without PyYAML) ---
+
+PLAIN_SCALARS = (st.none() | st.booleans() | st.integers(-10**30, 10**30)
+                 | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30))
+PLAIN_DOCS = st.dictionaries(st.text(max_size=12), st.recursive(
+    PLAIN_SCALARS, lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20),
+    min_size=1, max_size=6)   # an empty document is null to YAML: the store writes none
+
+
+@settings(**budget("plain_round_trip", 800))
+@given(doc=PLAIN_DOCS)
+def test_the_stores_yaml_reads_back_what_it_wrote_as_pyyaml_does(doc):
+    CASES["plain_round_trip"] += 1
+    text = dump_plain(doc)
+    assert yaml.safe_load(text) == doc
+    assert parse_yaml(text, "f") == doc
+
+
+@settings(**budget("plain_edits", 1500))
+@given(doc=PLAIN_DOCS, at=st.integers(0, 10**6), cut=st.integers(0, 3),
+       insert=st.sampled_from(["", " ", "  ", "\n", ":", "- ", "#", '"', "\\", "\t", "~",
+                               "\x85", "\u2028", "yes", "1_0", "0o7", "{a: 1}", "[1]", "&a",
+                               "*a", "!!str ", "\ufeff", "---\n", "\\ud83d\\ude00"]))
+def test_whatever_the_fast_reader_accepts_pyyaml_reads_the_same(doc, at, cut, insert):
+    """An edited file (a person's, or a torn one): the fast reader takes it only when
+    PyYAML reads the same from it; otherwise PyYAML reads it (or says why not)."""
+    CASES["plain_edits"] += 1
+    text = dump_plain(doc)
+    at %= len(text) + 1
+    text = text[:at] + insert + text[at + cut:]
+    try:
+        fast = load_plain(text)
+    except (NotPlain, ValueError, RecursionError):
+        return
+    assert fast == yaml.safe_load(text), text
+
+
 # --- answers and question ids ---
 
 @pytest.fixture(scope="module")
@@ -505,7 +544,7 @@ def test_a_question_file_naming_another_id_is_refused(tmp_path):
             questions.answer(session.dir, "q1", "text", now=now())
         if forged != "q2":   # a path, not an id: no file is written for it
             with pytest.raises(BadInput):
-                questions.save_question(session.dir, attrs.evolve(q, id=forged))
+                questions.save_question(session.dir, dataclasses.replace(q, id=forged))
     assert not list(tmp_path.rglob("escaped*"))
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 
-import attrs
 
 from session_store._atomic import write_atomic
 
@@ -22,7 +22,7 @@ from ..config import Backend, PromptMode
 ARG_LIMIT = 100_000   # bytes; Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN)
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class RunReport:
     """What a run's output says: its last words, tokens, and the CLI's own cost."""
     text: str = ""
@@ -31,7 +31,7 @@ class RunReport:
     cost_usd: float | None = None      # None: the CLI reports none (priced from tokens)
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class McpServer:
     """`ralph mcp` for one run: how its CLI starts it, with the run's environment (CLIs
     pass MCP servers little of their own)."""
@@ -40,7 +40,7 @@ class McpServer:
     env: dict[str, str]
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class RunSetup:
     """What a preset may need to know of the run it prepares."""
     log_base: str                  # the run's logs: <log_base>.prompt.md, .stdout, .stderr

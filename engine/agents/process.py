@@ -13,9 +13,9 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
-import attrs
 
 from session_store import Iteration
 from session_store._atomic import read_nofollow
@@ -25,7 +25,7 @@ from . import containment
 from .presets import ARG_LIMIT, McpServer, Preset, RunReport, RunSetup
 
 
-@attrs.define
+@dataclass(slots=True)
 class Invocation:
     role: str
     prompt: str
@@ -38,14 +38,14 @@ class Invocation:
     mcp: McpServer | None = None             # ralph's MCP server, where the CLI takes it
 
 
-@attrs.define
+@dataclass(slots=True)
 class Outcome:
     exit_code: int | None
     timed_out: bool = False
     stopped: str | None = None     # why the engine stopped it (PAUSE, ABORT), if it did
     stdout: str = ""
     duration: float = 0.0
-    report: RunReport = attrs.Factory(RunReport)
+    report: RunReport = field(default_factory=RunReport)
     stderr_tail: str = ""          # its last stderr line (a failing CLI says why there)
     left_behind: int = 0           # processes still running when it ended, then stopped
 

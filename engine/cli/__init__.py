@@ -1,5 +1,5 @@
 """The `ralph` command. Handlers import what they need when they run, so `ralph emit`
-never pays for yaml, cattrs or transitions."""
+never pays for yaml, attrs or transitions."""
 from __future__ import annotations
 
 import os

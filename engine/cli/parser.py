@@ -78,7 +78,7 @@ def build_parser():
             raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
         return int(text)
 
-    seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads cattrs)
+    seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads attrs)
 
     def limit_flags(p):
         p.add_argument("--max-iterations", type=positive(int), metavar="N",

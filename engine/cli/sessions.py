@@ -111,7 +111,7 @@ def _apply_limit_flags(limits, args) -> None:
 
 
 def _choose_agent(agent, name: str):
-    import attrs
+    import dataclasses
 
     from ..agents import installed_backend
     from ..config import Backend
@@ -120,9 +120,9 @@ def _choose_agent(agent, name: str):
         if found is None:
             raise bad("--agent auto: none of the agent CLIs (claude, codex, gemini, kiro, amp, "
                        "copilot, opencode) is on the PATH")
-        return attrs.evolve(agent, backend=found)
+        return dataclasses.replace(agent, backend=found)
     try:
-        return attrs.evolve(agent, backend=Backend(name))
+        return dataclasses.replace(agent, backend=Backend(name))
     except ValueError:
         raise bad(f"--agent {name}: expected auto or one of "
                    f"{', '.join(b.value for b in Backend)}") from None

@@ -1,6 +1,6 @@
 """`ralph emit TOPIC [PAYLOAD] [--json JSON]`: the agents' way to talk to the engine.
 
-The cold path imports the stdlib and the event bus only (no yaml, cattrs, transitions):
+The cold path imports the stdlib and the event bus only (no yaml, attrs, transitions):
 agents call this constantly.
 """
 from __future__ import annotations

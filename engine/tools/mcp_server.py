@@ -69,7 +69,7 @@ def build(session_dir: str) -> MCPServer:
                   default: str | None = None, timeout_seconds: float | None = None) -> str:
         import anyio
 
-        from .interact import Waiting, ask_and_wait   # yaml, cattrs: when a question comes
+        from .interact import Waiting, ask_and_wait   # the store's classes: when a question comes
         waiting = Waiting()
         waits.add(waiting)
         result: list = []

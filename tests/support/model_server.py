@@ -21,9 +21,9 @@ import itertools
 import json
 import re
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import attrs
 
 ROLE = re.compile(r"^## ROLE: (\w+)", re.M)
 RALPH_PATH = re.compile(r"The ralph command here is `([^`]+)`")
@@ -31,27 +31,27 @@ RALPH_PATH = re.compile(r"The ralph command here is `([^`]+)`")
 RUNNING = re.compile(r"Process running with session ID (\d+)")
 
 
-@attrs.define
+@dataclass(slots=True)
 class Shell:
     """Run `command` with the CLI's shell tool (timeout in ms where the tool takes one)."""
     command: str
     timeout_ms: int = 600_000
 
 
-@attrs.define
+@dataclass(slots=True)
 class Tool:
     """Call tool `name` of ralph's MCP server with `arguments`."""
     name: str
     arguments: dict
 
 
-@attrs.define
+@dataclass(slots=True)
 class Say:
     """End the turn with this text."""
     text: str
 
 
-@attrs.define
+@dataclass(slots=True)
 class Turn:
     """What the model sees of one conversation: ralph's prompt, its role, the `ralph` path
     the prompt names, and what each shell command so far printed."""

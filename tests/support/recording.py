@@ -28,9 +28,9 @@ PAUSE or ABORT in the mailbox stops it (the outcome says so).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable
 
-import attrs
 
 from engine.agents import Invocation, Outcome, RunReport
 from session_store import append_event
@@ -44,7 +44,7 @@ SUCCESS = {"planner": [("LOOP_COMPLETE", "nothing left")],
            "reviewer": [("review.done", REVIEW_OK)]}
 
 
-@attrs.define
+@dataclass(slots=True)
 class Played:
     """One invocation as the agent got it, and the step it played (None: `otherwise`)."""
     invocation: Invocation

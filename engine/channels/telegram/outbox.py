@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-import attrs
 
 from session_store import (BadInput, EventReader, Status, change_at, list_ids, load,
                            make_dirs, questions, read_events, sessions_root, watch_paths)
@@ -37,13 +37,13 @@ FLUSH_SECONDS = 2.0   # on stop, how long the last notices may take
 ALL = None            # a session's every question is looked at (it appeared, or at start)
 
 
-@attrs.define
+@dataclass(slots=True)
 class Look:
     """What a look at one session found (worker thread -> loop)."""
     session: str
-    to_send: list = attrs.Factory(list)       # questions.Question
-    settled: list = attrs.Factory(list)       # question ids nobody needs to send
-    notices: list = attrs.Factory(list)       # (seq, text)
+    to_send: list = field(default_factory=list)       # questions.Question
+    settled: list = field(default_factory=list)       # question ids nobody needs to send
+    notices: list = field(default_factory=list)       # (seq, text)
     offset: int | None = None                 # the bus read up to here
 
 

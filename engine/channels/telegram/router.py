@@ -13,8 +13,8 @@ one action, which `commands.Commands` carries out:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-import attrs
 
 COMMANDS = frozenset({"help", "start", "status", "tasks", "tail", "pause", "resume", "stop",
                       "approve", "skip"})   # /start is /help: what a chat sends first
@@ -23,7 +23,7 @@ QUESTION_HEADER = re.compile(r"Question ([A-Za-z0-9][A-Za-z0-9._-]{0,63}) from s
 AT_SESSION = re.compile(r"@([A-Za-z0-9][A-Za-z0-9._-]{0,63})[:,]?(?:\s+(.*))?", re.DOTALL)
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Replied:
     """The message a chat replied to: its text, whether the bot sent it, and the question
     it asked when the bot remembers sending it ((session, question) or None)."""
@@ -32,30 +32,30 @@ class Replied:
     question: tuple[str, str] | None = None
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Ignore:
     reason: str
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Say:
     text: str
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Answer:
     session: str
     question: str
     text: str
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Guidance:
     session: str | None   # None: the primary session
     text: str
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Command:
     name: str
     session: str | None   # None: the command's default (mostly the primary session)

@@ -1,0 +1,227 @@
+"""Plain data <-> the store's and the config's dataclasses, strictly: a wrong type, a
+missing required key, an unknown key or an unknown enum value is an error naming its
+`$.path`.
+
+Written here rather than taken from cattrs (and on dataclasses rather than attrs): the
+two libraries cost every command ~30 ms of imports, more than the work of `ralph signal`,
+and the few types used (str, int, float, bool, datetime, enums, dataclasses, `X | None`,
+`list[X]`, `dict[str, X]`) need little.
+Paths read as cattrs wrote them: `$.a.b`, `$.list[0]`, `$.mapping['key']`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from datetime import datetime, timezone
+
+from ._errors import BadInput
+from ._schema import BOOLEAN_HINT, shown
+
+_WRONG = object()   # what a value that failed to build becomes (its error is listed)
+_HINTS: dict[type, tuple[tuple[str, object, bool], ...]] = {}
+
+
+def structure(data, cls, source: str):
+    """Build `cls` from plain data; BadInput naming `source` and the first mistake's path."""
+    if data is None:
+        data = {}
+    errors: list[str] = []
+    obj = _build(data, cls, "$", errors)
+    if errors:
+        raise BadInput(f"{source}: {errors[0]}")
+    return obj
+
+
+def structure_each(data, cls) -> tuple[object, list[str]]:
+    """Build `cls` from what is right in `data`, field by field, and list every mistake
+    (`$.path: what`, one line each): a wrong field keeps its default, so checks on the
+    values can run over the rest in the same pass. For dataclasses whose every field
+    has a default (a config)."""
+    errors: list[str] = []
+    if data is None:
+        data = {}   # an empty file
+    return _fields(data, cls, "$", errors, lenient=True), errors
+
+
+def unstructure(obj):
+    """Dataclass instances as dicts (fields in order), enums as values, times as ISO 8601."""
+    if hasattr(type(obj), "__dataclass_fields__"):
+        return {name: unstructure(getattr(obj, name)) for name, _, _ in _hints(type(obj))}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, dict):
+        return {k: unstructure(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [unstructure(v) for v in obj]
+    return obj
+
+
+def _hints(cls) -> tuple[tuple[str, object, bool], ...]:
+    """(name, type, required) of each field of a dataclass, resolved once."""
+    found = _HINTS.get(cls)
+    if found is None:
+        types_of = typing.get_type_hints(cls)
+        found = _HINTS[cls] = tuple(
+            (f.name, types_of[f.name],
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls))
+    return found
+
+
+def _build(value, tp, path: str, errors: list[str]):
+    """`value` as `tp`, or _WRONG with its mistakes appended to `errors`."""
+    try:
+        if _is_class(tp):
+            return _fields(value, tp, path, errors, lenient=False)
+        if isinstance(tp, types.UnionType):   # X | None, the only union the store uses
+            if value is None and type(None) in typing.get_args(tp):
+                return None
+            (inner,) = [t for t in typing.get_args(tp) if t is not type(None)]
+            return _build(value, inner, path, errors)
+        origin = typing.get_origin(tp)
+        if origin is list:
+            return _list(value, typing.get_args(tp)[0], path, errors)
+        if origin is dict:
+            return _dict(value, typing.get_args(tp), path, errors)
+        return _scalar(value, tp)
+    except (TypeError, ValueError, OverflowError) as e:
+        errors.append(f"{path}: {e}")
+        return _WRONG
+
+
+def _fields(data, cls, path: str, errors: list[str], lenient: bool):
+    """An dataclass instance. Strict: any mistake makes it _WRONG. Lenient (a config): a wrong
+    field keeps its default, and each unknown key is its own line with a suggestion."""
+    if not isinstance(data, dict):
+        errors.append(f"{path}: expected a mapping, got {_kind(data)}")
+        return _WRONG if not lenient else cls()
+    hints = _hints(cls)
+    if lenient:   # a person's file: its mistakes in the file's order
+        by_name = {h[0]: h for h in hints}
+        hints = [by_name[k] for k in data if k in by_name] + [h for h in hints if h[0] not in data]
+    values, wrong = {}, False
+    for name, tp, required in hints:
+        if name not in data:
+            if required:
+                errors.append(f"{path}.{name}: required key missing")
+                wrong = True
+            continue
+        value, inner = data[name], _class_of(tp)
+        if lenient and inner is not None and not (value is None and _optional(tp)):
+            if isinstance(value, dict):
+                values[name] = _fields(value, inner, f"{path}.{name}", errors, lenient)
+            else:   # keeps its default
+                errors.append(f"{path}.{name}: expected a mapping, got {_kind(value)}")
+            continue
+        built = _build(value, tp, f"{path}.{name}", errors)
+        if built is _WRONG:
+            wrong = True
+        else:
+            values[name] = built
+    names = [f.name for f in dataclasses.fields(cls)]
+    extra = [k for k in data if k not in names]
+    if extra and lenient:   # said after the fields' errors, as cattrs ordered them
+        errors += [f"{path}: unknown key {k if isinstance(k, str) else shown(k)}"
+                   + _did_you_mean(k, names) for k in extra]
+    elif extra:
+        keys = sorted(k if isinstance(k, str) else shown(k) for k in extra)
+        errors.append(f"{path}: unknown key {', '.join(keys)}")
+        wrong = True
+    if wrong and not lenient:
+        return _WRONG
+    return cls(**values)
+
+
+def _list(value, item, path: str, errors: list[str]):
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {_kind(value)}")
+    out = [_build(v, item, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    return _WRONG if any(v is _WRONG for v in out) else out
+
+
+def _dict(value, key_and_item, path: str, errors: list[str]):
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a mapping, got {_kind(value)}")
+    key_type, item = key_and_item
+    out = {}
+    for k, v in value.items():
+        where = f"{path}[{shown(k)}]"
+        key, built = _build(k, key_type, where, errors), _build(v, item, where, errors)
+        if key is _WRONG or built is _WRONG:
+            return _WRONG
+        out[key] = built
+    return out
+
+
+def _scalar(value, tp):
+    if tp is str or tp is int or tp is bool:
+        name = {str: "a string", int: "an integer", bool: "a boolean"}[tp]
+        if type(value) is bool and tp is not bool:
+            raise TypeError(f"expected {name}, got a boolean"
+                            + (f" {BOOLEAN_HINT}" if tp is str else ""))
+        if not isinstance(value, tp):
+            raise TypeError(f"expected {name}, got {type(value).__name__}")
+        return value
+    if tp is float:
+        if type(value) is bool or not isinstance(value, (int, float)):
+            raise TypeError(f"expected a number, got {type(value).__name__}")
+        return float(value)
+    if tp is datetime:
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected an ISO 8601 time, got {type(value).__name__}")
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(value, tp)
+    if tp is object or tp is typing.Any:
+        return value
+    raise TypeError(f"the store cannot build a {tp!r}")   # a new field type: add it above
+
+
+def _enum(value, cls):
+    # only scalars reach Enum(): its own error shows repr(value), which never ends for
+    # an alias bomb
+    if isinstance(value, (str, int, float)):
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            pass
+    allowed = ", ".join(str(m.value) for m in cls)
+    hint = f" {BOOLEAN_HINT}" if type(value) is bool else ""
+    raise ValueError(f"expected one of {allowed}, got {shown(value)}{hint}")
+
+
+def _is_class(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _class_of(tp):
+    """The dataclass `tp` is, or is Optional of; else None."""
+    candidates = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+    return next((c for c in candidates if _is_class(c)), None)
+
+
+def _optional(tp) -> bool:
+    return isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _did_you_mean(key, names: list[str]) -> str:
+    if not isinstance(key, str):
+        return ""
+    import difflib   # only when a key is wrong
+    close = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
+        type(value), type(value).__name__)
