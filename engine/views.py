@@ -6,8 +6,7 @@ import json
 from datetime import datetime, timezone
 
 from session_store import (BadInput, PauseKind, State, Status, complete_size, list_ids,
-                           load, progress, questions, read_events, running_pid, signals,
-                           tail_events, unstructure)
+                           load, progress, read_events, running_pid, tail_events, unstructure)
 
 
 def _resume_command(meta, running: bool) -> str | None:
@@ -21,6 +20,7 @@ def _resume_command(meta, running: bool) -> str | None:
 
 
 def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict:
+    from session_store import questions, signals   # not for `list`: their classes cost it
     session = load(workspace, session_id)
     m = session.metadata
     it = session.iteration()
@@ -63,7 +63,7 @@ def engine_stopped(pid: int | None) -> bool:
     it holds the session but makes no progress until it is continued."""
     if not pid or pid < 0:
         return False
-    from .agents.containment import proc_state
+    from .procfs import proc_state
     state = proc_state(pid)
     return state is not None and state[0] in ("T", "t")
 
@@ -105,6 +105,7 @@ def _question_view(q, session_id: str) -> dict:
 
 def answer_outcome(session, question) -> str:
     """What becomes of an answer, said to whoever gives it (the CLI, the web page)."""
+    from session_store import questions
     running = running_pid(session.dir) is not None
     resume = f"when the session is resumed (ralph session resume {session.id})"
     if question.status is questions.QuestionStatus.TIMED_OUT:

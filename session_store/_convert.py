@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 import types
-import typing
 from datetime import datetime, timezone
 
 from ._errors import BadInput
 from ._schema import BOOLEAN_HINT, shown
 
 _WRONG = object()   # what a value that failed to build becomes (its error is listed)
-_HINTS: dict[type, tuple[tuple[str, object, bool], ...]] = {}
 
 
 def structure(data, cls, source: str):
@@ -28,7 +27,7 @@ def structure(data, cls, source: str):
     if data is None:
         data = {}
     errors: list[str] = []
-    obj = _build(data, cls, "$", errors)
+    obj = _fields(data, cls, "$", errors, lenient=False)
     if errors:
         raise BadInput(f"{source}: {errors[0]}")
     return obj
@@ -48,7 +47,7 @@ def structure_each(data, cls) -> tuple[object, list[str]]:
 def unstructure(obj):
     """Dataclass instances as dicts (fields in order), enums as values, times as ISO 8601."""
     if hasattr(type(obj), "__dataclass_fields__"):
-        return {name: unstructure(getattr(obj, name)) for name, _, _ in _hints(type(obj))}
+        return {f[0]: unstructure(getattr(obj, f[0])) for f in _fields_of(type(obj))}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, datetime):
@@ -60,77 +59,104 @@ def unstructure(obj):
     return obj
 
 
-def _hints(cls) -> tuple[tuple[str, object, bool], ...]:
-    """(name, type, required) of each field of a dataclass, resolved once."""
-    found = _HINTS.get(cls)
+# --- how each field is built: worked out once per class, then only run ---
+
+_FIELDS: dict[type, tuple] = {}
+_BUILDERS: dict[object, object] = {}
+
+
+def _fields_of(cls) -> tuple:
+    """(name, builder, required, dataclass it is or is Optional of, optional) per field."""
+    found = _FIELDS.get(cls)
     if found is None:
-        types_of = typing.get_type_hints(cls)
-        found = _HINTS[cls] = tuple(
-            (f.name, types_of[f.name],
-             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-            for f in dataclasses.fields(cls))
+        # the annotations are strings (postponed evaluation); read as typing would, in the
+        # class's module, without importing typing (2 ms of every command)
+        names = vars(sys.modules[cls.__module__])
+        rows = []
+        for f in dataclasses.fields(cls):
+            tp = eval(f.type, names) if isinstance(f.type, str) else f.type
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            rows.append((f.name, _builder(tp), required, _class_of(tp), _optional(tp)))
+        found = _FIELDS[cls] = tuple(rows)
     return found
 
 
-def _build(value, tp, path: str, errors: list[str]):
-    """`value` as `tp`, or _WRONG with its mistakes appended to `errors`."""
-    try:
-        if _is_class(tp):
+def _builder(tp):
+    """A function (value, path, errors) -> `value` as `tp`, or _WRONG with its mistakes
+    appended to `errors`."""
+    found = _BUILDERS.get(tp)
+    if found is not None:
+        return found
+    if _is_class(tp):
+        def build(value, path, errors):
             return _fields(value, tp, path, errors, lenient=False)
-        if isinstance(tp, types.UnionType):   # X | None, the only union the store uses
-            if value is None and type(None) in typing.get_args(tp):
-                return None
-            (inner,) = [t for t in typing.get_args(tp) if t is not type(None)]
-            return _build(value, inner, path, errors)
-        origin = typing.get_origin(tp)
-        if origin is list:
-            return _list(value, typing.get_args(tp)[0], path, errors)
-        if origin is dict:
-            return _dict(value, typing.get_args(tp), path, errors)
-        return _scalar(value, tp)
-    except (TypeError, ValueError, OverflowError) as e:
-        errors.append(f"{path}: {e}")
-        return _WRONG
+    elif isinstance(tp, types.UnionType):   # X | None, the only union the store uses
+        (inner,) = [_builder(t) for t in tp.__args__ if t is not type(None)]
+
+        def build(value, path, errors):
+            return None if value is None else inner(value, path, errors)
+    elif getattr(tp, "__origin__", None) is list:
+        item = _builder(tp.__args__[0])
+
+        def build(value, path, errors):
+            return _list(value, item, path, errors)
+    elif getattr(tp, "__origin__", None) is dict:
+        key, item = (_builder(t) for t in tp.__args__)
+
+        def build(value, path, errors):
+            return _dict(value, key, item, path, errors)
+    else:
+        check = _scalar(tp)
+
+        def build(value, path, errors):
+            try:
+                return check(value)
+            except (TypeError, ValueError, OverflowError) as e:
+                errors.append(f"{path}: {e}")
+                return _WRONG
+    _BUILDERS[tp] = build
+    return build
 
 
 def _fields(data, cls, path: str, errors: list[str], lenient: bool):
-    """An dataclass instance. Strict: any mistake makes it _WRONG. Lenient (a config): a wrong
-    field keeps its default, and each unknown key is its own line with a suggestion."""
+    """A dataclass instance. Strict: any mistake makes it _WRONG. Lenient (a config): a
+    wrong field keeps its default, and each unknown key is its own line with a suggestion."""
     if not isinstance(data, dict):
         errors.append(f"{path}: expected a mapping, got {_kind(data)}")
         return _WRONG if not lenient else cls()
-    hints = _hints(cls)
+    fields = _fields_of(cls)
     if lenient:   # a person's file: its mistakes in the file's order
-        by_name = {h[0]: h for h in hints}
-        hints = [by_name[k] for k in data if k in by_name] + [h for h in hints if h[0] not in data]
+        by_name = {f[0]: f for f in fields}
+        fields = [by_name[k] for k in data if k in by_name] + [f for f in fields if f[0] not in data]
     values, wrong = {}, False
-    for name, tp, required in hints:
+    for name, build, required, inner, optional in fields:
         if name not in data:
             if required:
                 errors.append(f"{path}.{name}: required key missing")
                 wrong = True
             continue
-        value, inner = data[name], _class_of(tp)
-        if lenient and inner is not None and not (value is None and _optional(tp)):
+        value = data[name]
+        if lenient and inner is not None and not (value is None and optional):
             if isinstance(value, dict):
                 values[name] = _fields(value, inner, f"{path}.{name}", errors, lenient)
             else:   # keeps its default
                 errors.append(f"{path}.{name}: expected a mapping, got {_kind(value)}")
             continue
-        built = _build(value, tp, f"{path}.{name}", errors)
+        built = build(value, f"{path}.{name}", errors)
         if built is _WRONG:
             wrong = True
         else:
             values[name] = built
-    names = [f.name for f in dataclasses.fields(cls)]
-    extra = [k for k in data if k not in names]
-    if extra and lenient:   # said after the fields' errors, as cattrs ordered them
-        errors += [f"{path}: unknown key {k if isinstance(k, str) else shown(k)}"
-                   + _did_you_mean(k, names) for k in extra]
-    elif extra:
-        keys = sorted(k if isinstance(k, str) else shown(k) for k in extra)
-        errors.append(f"{path}: unknown key {', '.join(keys)}")
-        wrong = True
+    if len(data) > len(values):   # keys no field has, or wrong fields
+        names = [f[0] for f in _fields_of(cls)]
+        extra = [k for k in data if k not in names]
+        if extra and lenient:   # said after the fields' errors, as cattrs ordered them
+            errors += [f"{path}: unknown key {k if isinstance(k, str) else shown(k)}"
+                       + _did_you_mean(k, names) for k in extra]
+        elif extra:
+            keys = sorted(k if isinstance(k, str) else shown(k) for k in extra)
+            errors.append(f"{path}: unknown key {', '.join(keys)}")
+            wrong = True
     if wrong and not lenient:
         return _WRONG
     return cls(**values)
@@ -138,49 +164,66 @@ def _fields(data, cls, path: str, errors: list[str], lenient: bool):
 
 def _list(value, item, path: str, errors: list[str]):
     if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {_kind(value)}")
-    out = [_build(v, item, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        errors.append(f"{path}: expected a list, got {_kind(value)}")
+        return _WRONG
+    out = [item(v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
     return _WRONG if any(v is _WRONG for v in out) else out
 
 
-def _dict(value, key_and_item, path: str, errors: list[str]):
+def _dict(value, key_type, item, path: str, errors: list[str]):
     if not isinstance(value, dict):
-        raise TypeError(f"expected a mapping, got {_kind(value)}")
-    key_type, item = key_and_item
+        errors.append(f"{path}: expected a mapping, got {_kind(value)}")
+        return _WRONG
     out = {}
     for k, v in value.items():
         where = f"{path}[{shown(k)}]"
-        key, built = _build(k, key_type, where, errors), _build(v, item, where, errors)
+        key, built = key_type(k, where, errors), item(v, where, errors)
         if key is _WRONG or built is _WRONG:
             return _WRONG
         out[key] = built
     return out
 
 
-def _scalar(value, tp):
+def _scalar(tp):
+    """A check (value -> value as `tp`, or TypeError/ValueError saying what is wrong)."""
     if tp is str or tp is int or tp is bool:
         name = {str: "a string", int: "an integer", bool: "a boolean"}[tp]
-        if type(value) is bool and tp is not bool:
-            raise TypeError(f"expected {name}, got a boolean"
-                            + (f" {BOOLEAN_HINT}" if tp is str else ""))
-        if not isinstance(value, tp):
-            raise TypeError(f"expected {name}, got {type(value).__name__}")
-        return value
+
+        def check(value):
+            if type(value) is tp:
+                return value
+            if type(value) is bool:
+                raise TypeError(f"expected {name}, got a boolean"
+                                + (f" {BOOLEAN_HINT}" if tp is str else ""))
+            if not isinstance(value, tp):
+                raise TypeError(f"expected {name}, got {type(value).__name__}")
+            return value
+        return check
     if tp is float:
-        if type(value) is bool or not isinstance(value, (int, float)):
-            raise TypeError(f"expected a number, got {type(value).__name__}")
-        return float(value)
+        return _float
     if tp is datetime:
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if not isinstance(value, datetime):
-            raise TypeError(f"expected an ISO 8601 time, got {type(value).__name__}")
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return _datetime
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return _enum(value, tp)
-    if tp is object or tp is typing.Any:
-        return value
+        return lambda value: _enum(value, tp)
+    if tp is object:
+        return lambda value: value
     raise TypeError(f"the store cannot build a {tp!r}")   # a new field type: add it above
+
+
+def _float(value):
+    if type(value) is float:
+        return value
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _datetime(value):
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected an ISO 8601 time, got {type(value).__name__}")
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def _enum(value, cls):
@@ -202,12 +245,12 @@ def _is_class(tp) -> bool:
 
 def _class_of(tp):
     """The dataclass `tp` is, or is Optional of; else None."""
-    candidates = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+    candidates = tp.__args__ if isinstance(tp, types.UnionType) else (tp,)
     return next((c for c in candidates if _is_class(c)), None)
 
 
 def _optional(tp) -> bool:
-    return isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
+    return isinstance(tp, types.UnionType) and type(None) in tp.__args__
 
 
 def _did_you_mean(key, names: list[str]) -> str:

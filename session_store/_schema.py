@@ -155,6 +155,7 @@ _PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
 _PLAIN_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:e[-+][0-9]+)?\Z")   # as PyYAML's resolver
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON pairs them, YAML does not
 _KEY = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: |\Z)')
+_KEY_LINE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: (.+))?\Z')   # key: scalar, or key:
 _JSON = json.JSONDecoder()
 _WORDS = {"null": None, "true": True, "false": False}
 
@@ -165,41 +166,39 @@ def load_plain(text: str) -> dict:
     if not text.endswith("\n") or _CONTROL.search(text) or _UNSAFE.search(text):
         raise NotPlain
     lines = text[:-1].split("\n")
-    end, data = _load_mapping(lines, 0, 0)
+    indents = [len(line) - len(line.lstrip(" ")) for line in lines]
+    end, data = _load_mapping(lines, indents, 0, 0)
     if end != len(lines):
         raise NotPlain
     return data
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
-
-
-def _load_mapping(lines: list[str], i: int, indent: int) -> tuple[int, dict]:
+def _load_mapping(lines: list[str], indents: list[int], i: int, indent: int) -> tuple[int, dict]:
     out: dict = {}
-    while i < len(lines) and _indent(lines[i]) >= indent:
-        if _indent(lines[i]) != indent:
+    while i < len(lines) and indents[i] >= indent:
+        if indents[i] != indent:
             raise NotPlain
         key, rest = _load_key(lines[i][indent:])
         if rest is None:   # a block below
-            i, out[key] = _load_block(lines, i + 1, indent + 2)
+            i, out[key] = _load_block(lines, indents, i + 1, indent + 2)
         else:
             out[key] = _load_scalar(rest)
             i += 1
     return i, out
 
 
-def _load_block(lines: list[str], i: int, indent: int) -> tuple[int, object]:
-    if i >= len(lines) or _indent(lines[i]) != indent:
+def _load_block(lines: list[str], indents: list[int], i: int, indent: int) -> tuple[int, object]:
+    if i >= len(lines) or indents[i] != indent:
         raise NotPlain   # `key:` with nothing below is null in YAML: not written so here
     if not lines[i].startswith("- ", indent):
-        return _load_mapping(lines, i, indent)
+        return _load_mapping(lines, indents, i, indent)
     items: list = []
-    while i < len(lines) and _indent(lines[i]) == indent and lines[i].startswith("- ", indent):
+    while i < len(lines) and indents[i] == indent and lines[i].startswith("- ", indent):
         body = lines[i][indent + 2:]
         if _KEY.match(body) or (body.startswith('"') and _quoted_key(body) is not None):
-            lines[i] = " " * (indent + 2) + body   # the item's mapping starts on its line
-            i, item = _load_mapping(lines, i, indent + 2)
+            # the item's mapping starts on its line
+            lines[i], indents[i] = " " * (indent + 2) + body, indent + 2
+            i, item = _load_mapping(lines, indents, i, indent + 2)
         else:
             item, i = _load_scalar(body), i + 1
         items.append(item)
@@ -208,16 +207,16 @@ def _load_block(lines: list[str], i: int, indent: int) -> tuple[int, object]:
 
 def _load_key(body: str) -> tuple[str, str | None]:
     """(key, the scalar after it, or None when a block follows)."""
-    if body.startswith('"'):
-        found = _quoted_key(body)
-        if found is None:
+    m = _KEY_LINE.match(body)
+    if m is not None:
+        key = m.group(1)
+        if key.lower() in _YAML11_WORDS:
             raise NotPlain
-        key, end = found
-    else:
-        m = _KEY.match(body)
-        if m is None or m.group(1).lower() in _YAML11_WORDS:
-            raise NotPlain
-        key, end = m.group(1), m.end(1)
+        return key, m.group(2)
+    found = _quoted_key(body) if body.startswith('"') else None
+    if found is None:
+        raise NotPlain
+    key, end = found
     rest = body[end + 1:]
     if not rest:
         return key, None
@@ -239,6 +238,14 @@ def _quoted_key(body: str) -> tuple[str, int] | None:
 
 
 def _load_scalar(text: str):
+    if text.startswith('"') and not _SURROGATE_ESCAPE.search(text):
+        try:
+            value, end = _JSON.raw_decode(text)
+        except ValueError:
+            raise NotPlain from None
+        if end == len(text) and isinstance(value, str):
+            return value
+        raise NotPlain
     if text in _WORDS:
         return _WORDS[text]
     if text == "{}":
@@ -249,11 +256,4 @@ def _load_scalar(text: str):
         return int(text)
     if _PLAIN_FLOAT.match(text):
         return float(text)
-    if text.startswith('"') and not _SURROGATE_ESCAPE.search(text):
-        try:
-            value, end = _JSON.raw_decode(text)
-        except ValueError:
-            raise NotPlain from None
-        if end == len(text) and isinstance(value, str):
-            return value
     raise NotPlain

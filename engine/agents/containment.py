@@ -19,6 +19,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from ..procfs import proc_state
+
 RUN_MARK = "RALPH_RUN_ID"
 SESSION_MARK = "RALPH_SESSION_DIR"
 GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
@@ -70,21 +72,6 @@ def reap_orphans(root: int | None = None) -> None:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-
-
-def proc_state(pid: int) -> tuple[str, int, int] | None:
-    """(state letter, parent pid, start time) of a process, from /proc/<pid>/stat; None
-    when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # the command name is in parentheses and may hold spaces: read after the last ")"
-    fields = stat[stat.rfind(b")") + 2:].split()
-    if len(fields) < 20:
-        return None
-    return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
