@@ -161,7 +161,7 @@ class AgentRunner:
             env["RALPH_TASK_ID"] = task.id
         else:
             env.pop("RALPH_TASK_ID", None)
-        agent = self.config.agent_for(role)
+        agent = self.config.agent_for(role)   # with the role's overrides
         mcp = None
         if agent.mcp and preset_for(agent).supports_mcp:
             mcp = McpServer(self._ralph[0], [*self._ralph[1:], "mcp"],
@@ -182,7 +182,7 @@ class AgentRunner:
         self._say(f"{self.tracker.state} iteration {it.number}: {self.activity}")
         return _Prepared(Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
                                     log_base=files.base,
-                                    timeout=self.config.agent_for(role).timeout_seconds,
+                                    timeout=agent.timeout_seconds,
                                     ask_timeout=self.config.RObot.timeout_seconds,
                                     ended=self._end_run, mcp=mcp),
                          [g["id"] for g in guidance], unit)

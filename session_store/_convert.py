@@ -20,6 +20,7 @@ from ._errors import BadInput
 from ._schema import BOOLEAN_HINT, shown
 
 _WRONG = object()   # what a value that failed to build becomes (its error is listed)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def structure(data, cls, source: str):
@@ -46,8 +47,15 @@ def structure_each(data, cls) -> tuple[object, list[str]]:
 
 def unstructure(obj):
     """Dataclass instances as dicts (fields in order), enums as values, times as ISO 8601."""
-    if hasattr(type(obj), "__dataclass_fields__"):
-        return {f[0]: unstructure(getattr(obj, f[0])) for f in _fields_of(type(obj))}
+    kind = type(obj)
+    if kind in _PLAIN:
+        return obj
+    if hasattr(kind, "__dataclass_fields__"):
+        out = {}
+        for f in _fields_of(kind):
+            value = getattr(obj, f[0])
+            out[f[0]] = value if type(value) in _PLAIN else unstructure(value)
+        return out
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, datetime):

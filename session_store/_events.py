@@ -132,9 +132,11 @@ def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
     fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
     if fd is None:
         return [], offset
-    with os.fdopen(fd, "rb") as f:
-        f.seek(offset)
-        data = f.read()
+    try:   # a pread per call (no buffered file object): the engine reads after every step
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size - offset, offset) if size > offset else b""
+    finally:
+        os.close(fd)
     end = data.rfind(b"\n") + 1
     records = [r for r in map(_record, data[:end].split(b"\n")[:-1]) if r is not None]
     return records, offset + end
