@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import reprlib
 import stat
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +19,7 @@ from ._atomic import (create_exclusive, disk, fsync_dir, read_nofollow, rename_d
                       write_atomic)
 from ._errors import BadInput
 from ._inbox import dirs, waiting  # noqa: F401 - waiting is this module's verb too
-from ._schema import dump_plain, dump_yaml, parse_yaml
+from ._schema import dump_plain, dump_yaml, parse_yaml, shown
 
 TYPES = ("STEER", "INFO", "PAUSE", "ABORT", "APPROVE", "SKIP")
 TARGETS = ("ALL", "Orchestrator", "Planner", "Executor", "Reviewer", "Librarian", "Questioner")
@@ -58,35 +57,20 @@ def canonical_target(value: str) -> str | None:
     return next((t for t in TARGETS if t.lower() == name.lower()), None)
 
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel = 2
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
-_REPR.maxstring = _REPR.maxother = 60
-
-
-def _shown(value) -> str:
-    """A value for an error message, bounded: YAML aliases can make a 600-byte file a list
-    of 9**9 items, whose full repr never ends."""
-    try:
-        return _REPR.repr(value)
-    except Exception:  # e.g. an int too long to print
-        return f"a {type(value).__name__}"
-
-
 def validate(data, name: str = "signal") -> Signal:
     """A signal from parsed YAML, or BadInput saying which field is wrong."""
     if not isinstance(data, dict):
         raise BadInput("$: expected a mapping with type, target, message")
-    unknown = sorted(k if isinstance(k, str) else _shown(k) for k in data if k not in FIELDS)
+    unknown = sorted(k if isinstance(k, str) else shown(k) for k in data if k not in FIELDS)
     if unknown:
         raise BadInput(f"$: unknown field {', '.join(unknown)}")
     kind = data.get("type")
     if not isinstance(kind, str) or kind.upper() not in TYPES:
-        raise BadInput(f"$.type: expected one of {', '.join(TYPES)}, got {_shown(kind)}")
+        raise BadInput(f"$.type: expected one of {', '.join(TYPES)}, got {shown(kind)}")
     target = data.get("target", "ALL")
     canonical = canonical_target(target) if isinstance(target, str) else None
     if canonical is None:
-        raise BadInput(f"$.target: expected one of {', '.join(TARGETS)}, got {_shown(target)}")
+        raise BadInput(f"$.target: expected one of {', '.join(TARGETS)}, got {shown(target)}")
     message = data.get("message", "")
     if message is None:
         message = ""
@@ -98,10 +82,10 @@ def validate(data, name: str = "signal") -> Signal:
         raise BadInput("$.message: expected UTF-8 text") from None
     iteration = data.get("iteration")
     if iteration is not None and (type(iteration) is not int or iteration < 1):
-        raise BadInput(f"$.iteration: expected a positive integer, got {_shown(iteration)}")
+        raise BadInput(f"$.iteration: expected a positive integer, got {shown(iteration)}")
     priority = data.get("priority", False)
     if type(priority) is not bool:
-        raise BadInput(f"$.priority: expected true or false, got {_shown(priority)}")
+        raise BadInput(f"$.priority: expected true or false, got {shown(priority)}")
     if priority and kind.upper() != "STEER":
         raise BadInput("$.priority: only a STEER can be a priority signal")
     return Signal(name, kind.upper(), canonical, message, iteration, priority)
@@ -165,7 +149,7 @@ def mark_handled(session_dir: str, signal: Signal, *, handled_by: str, action: s
     doc = signal.fields()
     doc["handling_metadata"] = {"handled_by": handled_by, "handled_at": now.isoformat(),
                                 "action_taken": action}
-    write_atomic(os.path.join(processed, signal.name), dump_yaml(doc), "signal-handled")
+    write_atomic(os.path.join(processed, signal.name), dump_plain(doc), "signal-handled")
     _remove(os.path.join(processed, signal.name + TAKEN))
 
 
