@@ -14,11 +14,11 @@ COMPLETE or PAUSED; then the exit code.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
-from session_store import DiskFault, PauseKind, Session, State, Status, acquire_lock
+from session_store import (DiskFault, PauseKind, Session, State, Status, acquire_lock,
+                           engine_watch_paths)
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -114,10 +114,10 @@ class Engine:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
         self.session.clear_disk_fault()   # a disk that refused writes works again
         self.session.keep_reserve()
-        # the session's own directory too: what agents append to the bus while they run
-        # (in-run questions, progress notes) is shown as it lands
-        stop_watching = watch([d, os.path.join(d, "answers"), os.path.join(d, "questions")],
-                              self.wakeup, trees=[os.path.join(d, "signals")])
+        # the bus too: what agents append while they run (in-run questions, progress
+        # notes) is shown as it lands
+        files, paths, trees = engine_watch_paths(d)
+        stop_watching = watch(paths, self.wakeup, trees=trees, files=files)
         if stop_watching.failed:   # loud: wakeups now come from a 1 s poll
             self.say(f"no file-system watcher works here ({stop_watching.failed}): "
                      f"looking for signals and answers by polling instead")

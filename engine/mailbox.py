@@ -13,6 +13,7 @@ never applies it twice. STEER/INFO wait for their role's next prompt (guidance).
 from __future__ import annotations
 
 import enum
+import os
 import threading
 from typing import Callable, NamedTuple
 
@@ -203,11 +204,13 @@ class Mailbox:
 
 
 def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (),
-          notify: Callable[[str], None] | None = None) -> "Watching":
+          notify: Callable[[str], None] | None = None, files: list[str] = ()) -> "Watching":
     """Wake the engine when a file lands in one of `paths`, or anywhere under `trees`
-    (inotify through watchdog; a polling observer where no watcher works). `notify`, if
-    given, is called with every changed path (both of a move), from the watcher's thread.
-    Returns a function that stops it (and whose `add` watches one more directory).
+    (inotify through watchdog; a polling observer where no watcher works), or when one
+    of `files` is written (inotify on the file alone; its directory where that fails).
+    `notify`, if given, is called with every changed path (both of a move), from the
+    watcher's thread. Returns a function that stops it (and whose `add` watches one more
+    directory).
 
     A file renamed out of a watched directory into an unwatched one leaves watchdog
     holding the move half-paired for 0.5 s, and every event behind it too: so the
@@ -237,6 +240,18 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
             if wakeup is not None:
                 wakeup.set()
 
+    file_watches, paths = [], list(paths)
+    for path in files:
+        try:
+            if wakeup is None or notify is not None:
+                raise OSError("paths to notify come from watchdog")
+            from .inotify import FileWatch
+            file_watch = FileWatch(path, wakeup)
+        except OSError:
+            paths.append(os.path.dirname(path))   # every write beside it wakes too
+            continue
+        file_watch.start()
+        file_watches.append(file_watch)
     problems = []
     for make in (Observer, lambda: PollingObserver(timeout=0.1)):
         observer = None
@@ -257,13 +272,13 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
                     pass
             continue
         # inotify failing is said too, though watchdog's polling observer carries on
-        return Watching(observer, Wake(), writes,
+        return Watching(observer, Wake(), writes, file_watches,
                         failed="; ".join(problems) + " (watchdog polls instead)"
                         if problems else None)
     # never no wakeups: every second, as if everything watched had changed
     ticker = _Ticker([*paths, *trees], wakeup, notify)
     ticker.start()
-    return Watching(ticker, None, writes, failed="; ".join(problems))
+    return Watching(ticker, None, writes, file_watches, failed="; ".join(problems))
 
 
 class _Ticker(threading.Thread):
@@ -295,8 +310,9 @@ class Watching:
     """A running watcher: calling it stops it; `add(path)` watches one more directory
     (not recursively), e.g. a session that appeared after it started."""
 
-    def __init__(self, observer, handler, events, failed: str | None = None):
+    def __init__(self, observer, handler, events, file_watches=(), failed: str | None = None):
         self._observer, self._handler, self._events = observer, handler, events
+        self._file_watches = list(file_watches)
         self.failed = failed   # why no watcher works (then it polls every second)
 
     def add(self, path: str) -> None:
@@ -305,6 +321,8 @@ class Watching:
                                     event_filter=self._events)
 
     def __call__(self) -> None:
+        for file_watch in self._file_watches:
+            file_watch.stop()
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=2)

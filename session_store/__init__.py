@@ -18,6 +18,7 @@ _WHERE = {
     "append_event": "_events", "read_events": "_events", "now_iso": "_events",
     "tail_events": "_events", "complete_size": "_events",
     "Change": "_changes", "change_at": "_changes", "watch_paths": "_changes",
+    "engine_watch_paths": "_changes",
     "SessionMetadata": "_metadata", "IterationMetadata": "_metadata",
     "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata",
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",

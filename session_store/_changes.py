@@ -14,6 +14,8 @@ from ._questions import question_id
 from ._session import check_id
 
 QUESTIONS_DIR = "questions"
+ANSWERS_DIR = "answers"
+SIGNALS_DIR = "signals"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,16 @@ class Change:
     session: str
     what: str                   # session (its directory) | events | question
     question: str | None = None
+
+
+def engine_watch_paths(session_dir: str) -> tuple[list[str], list[str], list[str]]:
+    """What wakes the engine that runs a session: (files, directories, trees) to watch.
+    The bus is watched as its file (what agents append while they run is shown as it
+    lands), not as the session directory, where the engine's own writes at every step
+    (metadata, the run lease) cost it more CPU, through the watcher, than the step itself."""
+    return ([os.path.join(session_dir, EVENTS_FILE)],
+            [os.path.join(session_dir, ANSWERS_DIR), os.path.join(session_dir, QUESTIONS_DIR)],
+            [os.path.join(session_dir, SIGNALS_DIR)])
 
 
 def watch_paths(session_dir: str) -> list[str]:

@@ -184,6 +184,34 @@ def test_a_watcher_that_cannot_start_falls_back_to_a_1_second_poll(tmp_path):
         watching()
 
 
+def test_the_bus_wakes_the_engine_and_the_writes_beside_it_do_not(tmp_path):
+    """The engine follows the bus as its file: its own metadata writes next to it, at
+    every step, must not wake it (through watchdog they cost more CPU than the step)."""
+    bus = tmp_path / "events.jsonl"
+    bus.write_text("")
+    woken = threading.Event()
+    watching = watch([], woken, files=[str(bus)])
+    try:
+        for i in range(5):
+            write_atomic(str(tmp_path / "metadata.yaml"), f"revision: {i}\n")
+        assert not woken.wait(0.5), "woken by a write beside the bus"
+        with open(bus, "a") as f:
+            f.write('{"seq": 1}\n')
+        assert woken.wait(5), "not woken by an append to the bus"
+    finally:
+        watching()
+
+
+def test_a_file_that_cannot_be_watched_alone_is_watched_through_its_directory(tmp_path):
+    woken = threading.Event()
+    watching = watch([], woken, files=[str(tmp_path / "not-yet.jsonl")])
+    try:
+        (tmp_path / "not-yet.jsonl").write_text("{}\n")
+        assert woken.wait(5), "no wakeup: the directory was not watched instead"
+    finally:
+        watching()
+
+
 def test_the_engine_says_so_when_no_watcher_works(workspace, monkeypatch):
     import watchdog.observers
     import watchdog.observers.polling
