@@ -188,15 +188,29 @@ def load_plain(text: str) -> dict:
 
 def _load_mapping(lines: list[str], indents: list[int], i: int, indent: int) -> tuple[int, dict]:
     out: dict = {}
-    while i < len(lines) and indents[i] >= indent:
+    n, key_line = len(lines), _KEY_LINE.match
+    while i < n and indents[i] >= indent:
         if indents[i] != indent:
             raise NotPlain
-        key, rest = _load_key(lines[i][indent:])
+        m = key_line(lines[i], indent)   # the common line, `key: scalar` or `key:`
+        if m is not None:
+            key, rest = m.group(1, 2)
+            if key.lower() in _YAML11_WORDS:
+                raise NotPlain
+        else:
+            key, rest = _load_key(lines[i][indent:])
         if rest is None:   # a block below
             i, out[key] = _load_block(lines, indents, i + 1, indent + 2)
+            continue
+        if rest[:1] == '"' and rest[-1] == '"' and rest.count('"') == 2 and "\\" not in rest:
+            out[key] = rest[1:-1]   # a JSON string without escapes is its own text
+        elif rest in _WORDS:
+            out[key] = _WORDS[rest]
+        elif rest.isdigit() and rest.isascii() and (rest[0] != "0" or rest == "0"):
+            out[key] = int(rest)   # YAML 1.1 reads a leading 0 as octal: not here
         else:
             out[key] = _load_scalar(rest)
-            i += 1
+        i += 1
     return i, out
 
 
