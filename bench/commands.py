@@ -87,7 +87,6 @@ def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
         env.update(RALPH_SESSION_DIR=session.dir, RALPH_ROLE="executor", RALPH_ITERATION="1",
                    RALPH_STATE="EXECUTING_BATCH", RALPH_SESSION_ID="b1",
                    RALPH_WORKSPACE=workspace, RALPH_RUN_ID="0001-executor-t1")
-        env.pop("PYTHONDONTWRITEBYTECODE", None)   # measure an installed ralph: bytecode cached
         env["PYTHONPYCACHEPREFIX"] = os.path.join(workspace, "pycache")
         human = {k: v for k, v in env.items() if not k.startswith("RALPH_")}
         commands = {

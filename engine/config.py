@@ -1,4 +1,4 @@
-"""ralph.yml: attrs classes loaded strictly (session_store.structure_each); every error
+"""ralph.yml: dataclasses loaded strictly (session_store.structure_each); every error
 carries its path."""
 from __future__ import annotations
 
@@ -158,8 +158,8 @@ class Config:
         override = getattr(self.roles, role).agent
         if override is None:
             return self.agent
-        changes = {f.name: getattr(override, f.name) for f in dataclasses.fields(override)
-                   if getattr(override, f.name) is not None}
+        changes = {f.name: value for f in dataclasses.fields(override)
+                   if (value := getattr(override, f.name)) is not None}
         return dataclasses.replace(self.agent, **changes)
 
 

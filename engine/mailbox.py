@@ -242,12 +242,14 @@ def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (
 
     file_watches, paths = [], list(paths)
     for path in files:
-        try:
-            if wakeup is None or notify is not None:
-                raise OSError("paths to notify come from watchdog")
+        file_watch = None
+        if wakeup is not None and notify is None:   # paths to notify come from watchdog
             from .inotify import FileWatch
-            file_watch = FileWatch(path, wakeup)
-        except OSError:
+            try:
+                file_watch = FileWatch(path, wakeup)
+            except OSError:
+                pass
+        if file_watch is None:
             paths.append(os.path.dirname(path))   # every write beside it wakes too
             continue
         file_watch.start()

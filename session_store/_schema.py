@@ -167,7 +167,6 @@ _CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
 _PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
 _PLAIN_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:e[-+][0-9]+)?\Z")   # as PyYAML's resolver
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON pairs them, YAML does not
-_KEY = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: |\Z)')
 _KEY_LINE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: (.+))?\Z')   # key: scalar, or key:
 _JSON = json.JSONDecoder()
 _WORDS = {"null": None, "true": True, "false": False}
@@ -198,19 +197,12 @@ def _load_mapping(lines: list[str], indents: list[int], i: int, indent: int) -> 
             if key.lower() in _YAML11_WORDS:
                 raise NotPlain
         else:
-            key, rest = _load_key(lines[i][indent:])
+            key, rest = _load_quoted_key(lines[i][indent:])
         if rest is None:   # a block below
             i, out[key] = _load_block(lines, indents, i + 1, indent + 2)
-            continue
-        if rest[:1] == '"' and rest[-1] == '"' and rest.count('"') == 2 and "\\" not in rest:
-            out[key] = rest[1:-1]   # a JSON string without escapes is its own text
-        elif rest in _WORDS:
-            out[key] = _WORDS[rest]
-        elif rest.isdigit() and rest.isascii() and (rest[0] != "0" or rest == "0"):
-            out[key] = int(rest)   # YAML 1.1 reads a leading 0 as octal: not here
         else:
             out[key] = _load_scalar(rest)
-        i += 1
+            i += 1
     return i, out
 
 
@@ -222,7 +214,7 @@ def _load_block(lines: list[str], indents: list[int], i: int, indent: int) -> tu
     items: list = []
     while i < len(lines) and indents[i] == indent and lines[i].startswith("- ", indent):
         body = lines[i][indent + 2:]
-        if _KEY.match(body) or (body.startswith('"') and _quoted_key(body) is not None):
+        if _KEY_LINE.match(body) or (body.startswith('"') and _quoted_key(body) is not None):
             # the item's mapping starts on its line
             lines[i], indents[i] = " " * (indent + 2) + body, indent + 2
             i, item = _load_mapping(lines, indents, i, indent + 2)
@@ -232,14 +224,8 @@ def _load_block(lines: list[str], indents: list[int], i: int, indent: int) -> tu
     return i, items
 
 
-def _load_key(body: str) -> tuple[str, str | None]:
-    """(key, the scalar after it, or None when a block follows)."""
-    m = _KEY_LINE.match(body)
-    if m is not None:
-        key = m.group(1)
-        if key.lower() in _YAML11_WORDS:
-            raise NotPlain
-        return key, m.group(2)
+def _load_quoted_key(body: str) -> tuple[str, str | None]:
+    """(a JSON-quoted key, the scalar after it, or None when a block follows)."""
     found = _quoted_key(body) if body.startswith('"') else None
     if found is None:
         raise NotPlain
@@ -265,6 +251,8 @@ def _quoted_key(body: str) -> tuple[str, int] | None:
 
 
 def _load_scalar(text: str):
+    if text[:1] == '"' and text[-1] == '"' and text.count('"') == 2 and "\\" not in text:
+        return text[1:-1]   # a JSON string without escapes is its own text
     if text.startswith('"') and not _SURROGATE_ESCAPE.search(text):
         try:
             value, end = _JSON.raw_decode(text)
