@@ -96,6 +96,7 @@ class EventLoop:
     max_runtime_seconds: float = 14400.0
     max_cost_usd: float | None = None
     cooldown_delay_seconds: float = 0.0
+    max_event_bytes: int = 1 << 20   # one event an agent sends: larger is refused
 
 
 @dataclass(slots=True)
@@ -196,6 +197,9 @@ def _range_errors(config: Config) -> list[str]:
     positive("event_loop.max_cost_usd", config.event_loop.max_cost_usd, allow_none=True)
     positive("event_loop.cooldown_delay_seconds", config.event_loop.cooldown_delay_seconds,
              allow_zero=True)
+    if not 1024 <= config.event_loop.max_event_bytes <= 64 << 20:
+        errors.append(f"$.event_loop.max_event_bytes: expected 1024 to {64 << 20} bytes, "
+                      f"got {shown(config.event_loop.max_event_bytes)}")
     positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
     positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
     positive("agent.timeout_seconds", config.agent.timeout_seconds)
@@ -290,6 +294,34 @@ def load_session_config(session) -> Config:
         token = load(session.metadata.config_path, channels=False).RObot.telegram.bot_token
         config.RObot.telegram.bot_token = token
     return config
+
+
+def outside_allowed(workspace: str, config_path: str | None) -> bool:
+    """Whether the engine may write outside the workspace where the config says so: only
+    when the config is a file outside the workspace (the human's own, out of the agents'
+    reach); a workspace's ralph.yml is a file any agent could have rewritten."""
+    if not config_path:
+        return False
+    return not inside(os.path.realpath(config_path), os.path.realpath(workspace))
+
+
+def inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(os.path.join(root, ""))
+
+
+def check_paths(config: Config, workspace: str, source: str | None) -> None:
+    """The paths the engine writes (knowledge.docs_dir, blockers.trace_path) stay inside
+    the workspace unless `outside_allowed`."""
+    if outside_allowed(workspace, source):
+        return
+    real = os.path.realpath(workspace)
+    for where, value in (("knowledge.docs_dir", config.knowledge.docs_dir),
+                         ("blockers.trace_path", config.blockers.trace_path)):
+        if value and not inside(os.path.realpath(os.path.join(
+                workspace, os.path.expanduser(value))), real):
+            raise BadInput(f"{source or 'the config'}: $.{where}: {value!r} leads outside the "
+                           f"workspace; only a config file outside the workspace (-c) may "
+                           f"point there")
 
 
 def check_channels(config: Config, source: str) -> None:

@@ -11,7 +11,7 @@ A scenario YAML lists steps; the first whose `role` (and, when given, `iteration
         sleep: 0.5              # seconds, before anything else
         write: {"src/{task}.py": "print('hi')\\n"}        # under <workspace>/.ralph-demo/
         write_iteration: {"knowledge/notes.md": "..."}    # relative to RALPH_ITERATION_DIR
-        emit:                   # events, as `ralph emit` would append them
+        emit:                   # events, sent as `ralph emit` sends them
           - {topic: build.done, payload: "tests: pass, lint: pass"}
           - {topic: plan.ready, json: {tasks: [{id: t1, title: "...", batch: 1}]}}
         ask: {question: "Which DB?", timeout: 5, default: "sqlite", options: [a, b]}
@@ -35,8 +35,9 @@ from importlib import resources
 
 import yaml
 
-from session_store._atomic import make_dirs, write_atomic
-from session_store._events import append_event
+from session_store import RunOver, make_dirs, write_atomic
+
+from .tools.emit import publish
 
 BUILTIN = "builtin.yaml"
 DEMO_DIR = ".ralph-demo"   # everything the demo writes into a workspace goes here
@@ -81,7 +82,7 @@ def play(step: dict, env: dict) -> int:
         answer, answered = ask_and_wait(
             str(ask["question"]), timeout=ask.get("timeout"), default=ask.get("default"),
             options=[str(o) for o in ask.get("options") or []],
-            session_id=env["RALPH_SESSION_ID"], workspace=env["RALPH_WORKSPACE"])
+            work_dir=env["RALPH_SESSION_DIR"])
         step = _fill({k: v for k, v in step.items() if k != "ask"}, {"answer": answer or ""})
     demo_root = os.path.join(env["RALPH_WORKSPACE"], DEMO_DIR)
     for rel, content in (step.get("write") or {}).items():
@@ -93,12 +94,13 @@ def play(step: dict, env: dict) -> int:
         _write(path, content)
     for rel, content in (step.get("write_iteration") or {}).items():
         _write(os.path.join(env["RALPH_ITERATION_DIR"], rel), content)
-    iteration = env.get("RALPH_ITERATION")
     for event in step.get("emit") or []:
         payload = event["json"] if "json" in event else event.get("payload")
-        append_event(env["RALPH_SESSION_DIR"], event["topic"], payload, source=env["RALPH_ROLE"],
-                     iteration=int(iteration) if iteration else None, state=env.get("RALPH_STATE"),
-                     run=env.get("RALPH_RUN_ID"))
+        try:
+            publish(env["RALPH_SESSION_DIR"], event["topic"], payload)
+        except RunOver as e:
+            print(f"demo agent: {e}", file=sys.stderr)
+            return 2
     if step.get("stdout"):
         print(step["stdout"], flush=True)
     return int(step.get("exit", 0 if answered else 3))

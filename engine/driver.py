@@ -5,6 +5,8 @@ COMPLETE or PAUSED; then the exit code.
   Tracker        the session's truth in memory, persisted through the store
   Mailbox        the signals the engine takes, guidance for the next prompts
   HumanDesk      questions asked by the loop, the hold, late answers
+  RunQuestions   questions agents ask inside their runs, answered back to them
+  Inlet          what agents' tools send through the work area's outbox
   Assessor       seed 004's confidence and the help it asks for
   BlockerLedger  seed 003's repeated blockers
   KnowledgeKeeper promotion, keeping, carrying of staged knowledge
@@ -24,10 +26,12 @@ from states import WORK, Next, Trigger
 from .agents import containment, make_agent
 from .channels import telegram
 from .clock import SystemClock, until
+from . import config as cfg
 from .config import Config
 from .console import Console
 from .context import Work
-from .humans import Assessor, BlockerLedger, HumanDesk
+from .humans import Assessor, BlockerLedger, HumanDesk, RunQuestions
+from .inlet import Inlet
 from .knowledge import KnowledgeKeeper
 from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode, watch
@@ -51,24 +55,34 @@ class Engine:
         def state() -> State:
             return tracker.state
 
-        self.knowledge = KnowledgeKeeper(session, tracker, config.knowledge, state=state)
+        outside = cfg.outside_allowed(session.workspace, session.metadata.config_path)
+        self.knowledge = KnowledgeKeeper(session, tracker, config.knowledge, state=state,
+                                         outside_allowed=outside)
         self.mailbox = Mailbox(session, self.clock, state=state,
                                decide_knowledge=self.knowledge.decide_by_signal)
         self.desk = desk = HumanDesk(session, self.clock, tracker, self.mailbox, config.RObot,
                                      wait=self.wait_until, say=self.say, state=state)
+        self.run_questions = asked = RunQuestions(
+            session, self.clock, robot=config.RObot, announce=desk.announce_question,
+            state=state, reply=lambda rid, data: self.inlet.reply(rid, data),
+            wakeup=self.wakeup)
+        self.inlet = Inlet(session, max_bytes=config.event_loop.max_event_bytes,
+                           on_ask=asked.ask, on_ask_gone=asked.gone,
+                           on_poll=self.mailbox.take_for_role)
         self.runner = runner = AgentRunner(
-            session, tracker, config, self.mailbox,
+            session, tracker, config, self.mailbox, self.inlet,
             agent_for=agent_for or (lambda role: make_agent(config.agent_for(role))),
             admit=lambda: limit_reached(tracker) or desk.hold(), wakeup=self.wakeup,
             say=self.say, clock=self.clock)
         desk.on_answer.append(self._answered)
         self.assessor = Assessor(session, tracker, desk, config.fallback, state=state,
                                  work=lambda: (runner.current_task, runner.latest_outcome))
-        self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback)
+        self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback,
+                                    outside_allowed=outside)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]
-        runner.run_ended += [desk.release_in_run_questions, lambda unit: desk.announce(),
-                             lambda unit: self.mailbox.finish_agents_takes()]
-        runner.woken.append(desk.announce)
+        runner.run_ended += [lambda unit: asked.end_run(), desk.release_in_run_questions,
+                             lambda unit: desk.announce()]
+        runner.woken += [asked.serve, desk.announce]
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
@@ -95,13 +109,14 @@ class Engine:
         try:
             if message:
                 self.mailbox.add_message(message)
-            self.runner.lease = lease
             try:
+                self.inlet.start()
                 return self._run(resume)
             except DiskFault as fault:
                 return self._stopped_by_disk(fault)
+            finally:
+                self.inlet.stop()
         finally:
-            self.runner.lease = None
             lease.release()
 
     def _run(self, resume: bool) -> int:
@@ -109,14 +124,15 @@ class Engine:
         d = self.session.dir
         # a dead engine's runs may have left processes (tools in sessions of their own
         # outlive a SIGKILL'd CLI): none of them goes on, nor is heard
-        left = containment.stop(lambda: containment.find(d))
+        work = self.session.work_dir
+        left = containment.stop(lambda: containment.find(work))
         if left:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
         self.session.clear_disk_fault()   # a disk that refused writes works again
         self.session.keep_reserve()
         # the bus too: what agents append while they run (in-run questions, progress
         # notes) is shown as it lands
-        files, paths, trees = engine_watch_paths(d)
+        files, paths, trees = engine_watch_paths(d, self.session.work_dir)
         stop_watching = watch(paths, self.wakeup, trees=trees, files=files)
         if stop_watching.failed:   # loud: wakeups now come from a 1 s poll
             self.say(f"no file-system watcher works here ({stop_watching.failed}): "

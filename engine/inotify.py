@@ -12,20 +12,22 @@ import os
 import select
 import threading
 
-_IN_MODIFY = 0x2
+IN_MODIFY = 0x2
+IN_LANDED = 0x8 | 0x80   # IN_CLOSE_WRITE | IN_MOVED_TO: a file written, or renamed in
 
 
 class FileWatch(threading.Thread):
-    """Sets `wakeup` after each write to `path`; `stop()` ends it. Raises OSError when
-    inotify cannot watch it (then the caller watches some other way)."""
+    """Sets `wakeup` after each write to `path` (or, with `mask`, each event it names: on
+    a directory, IN_LANDED); `stop()` ends it. Raises OSError when inotify cannot watch
+    it (then the caller watches some other way)."""
 
-    def __init__(self, path: str, wakeup: threading.Event):
+    def __init__(self, path: str, wakeup: threading.Event, mask: int = IN_MODIFY):
         super().__init__(name="watch-file", daemon=True)
         libc = ctypes.CDLL(None, use_errno=True)
         fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
         if fd < 0:
             raise OSError(ctypes.get_errno(), f"inotify_init1: {os.strerror(ctypes.get_errno())}")
-        if libc.inotify_add_watch(fd, os.fsencode(path), _IN_MODIFY) < 0:
+        if libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
             errno = ctypes.get_errno()
             os.close(fd)
             raise OSError(errno, f"inotify_add_watch {path}: {os.strerror(errno)}")

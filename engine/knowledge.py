@@ -9,18 +9,24 @@ from session_store import State
 
 
 class KnowledgeKeeper:
-    def __init__(self, session, tracker, settings, *, state):
+    def __init__(self, session, tracker, settings, *, state, outside_allowed: bool = False):
         self.session = session
         self.tracker = tracker
         self.settings = settings    # knowledge config: approval, timeout_seconds, docs_dir
         self._state = state
+        self._outside_allowed = outside_allowed   # the human's own config said so
 
     def promote(self, why: str, by: str | None = None) -> None:
         it, _meta = self.tracker.iteration()
-        it.knowledge.promote(
+        refused = it.knowledge.promote(
             os.path.join(self.session.workspace, self.settings.docs_dir), self.session.workspace,
             record={"session": self.session.id, "iteration": it.number, "why": why,
-                    "at": self.tracker.clock.now().isoformat()})
+                    "at": self.tracker.clock.now().isoformat()},
+            outside_allowed=self._outside_allowed)
+        if refused:   # a link planted in the docs dir's place: kept staged, and said
+            self.session.append_event("knowledge.refused", {"why": refused})
+            self._decide("skipped", by)
+            return
         self._decide("promoted", by)
 
     def keep(self, by: str | None = None) -> None:

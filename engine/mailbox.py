@@ -139,15 +139,24 @@ class Mailbox:
                 pending = decision
         return pending
 
-    def finish_agents_takes(self) -> None:
-        """After a run: a STEER/INFO its agent took but had no time to mark (stopped in
-        between) is handled by the engine now, once; PAUSE/ABORT takes are the engine's
-        own, marked by their transition."""
-        d = self._dir
-        for name in signals.taken_unmarked(d):
-            signal = signals.read_taken(d, name)
-            if signal is not None and signal.type in ("STEER", "INFO"):
-                self.handle(signal, Mode.KNOWLEDGE)
+    def take_for_role(self, role: str) -> dict:
+        """An agent's step-boundary poll (its run's role; what it claims is not asked):
+        the STEER/INFO waiting for that role or for all are taken and marked handled by
+        it, oldest first; the PAUSE/ABORT the engine will act on are listed."""
+        d, taken, stops = self._dir, [], []
+        for name in signals.waiting(d):
+            signal, _reason, _raw = signals.read(d, name)
+            if signal is None:
+                continue   # the engine's next poll rejects it
+            if signal.type in ("PAUSE", "ABORT"):
+                stops.append({"type": signal.type, "message": signal.message, "file": name})
+            elif signal.type in ("STEER", "INFO") and signal.role in (None, role) \
+                    and signal.target != "Orchestrator" and signals.take(d, name):
+                signals.mark_handled(d, signal, handled_by=f"Ralph-{role.capitalize()}",
+                                     action=f"taken by the {role} at a step boundary",
+                                     now=self.clock.now())
+                taken.append({"type": signal.type, "message": signal.message, "file": name})
+        return {"signals": taken, "engine_will_act_on": stops}
 
     # --- guidance: STEER/INFO and human responses waiting for a role's next prompt ---
 

@@ -7,7 +7,10 @@
   observe  -> the observers (assessor, blocker ledger, human desk) see the result; the
               first that returns a decision (a pause) stops the work
 
-Agents never see the bot token or the tests' variables.
+Agents never see a secret of ralph's (the bot token, the web token, any RALPH_*_TOKEN,
+_KEY, _SECRET, _PASSWORD, the store's URL) or the tests' variables. They talk to the
+engine through the work area (RALPH_SESSION_DIR): the control plane is out of their
+reach.
 """
 from __future__ import annotations
 
@@ -18,19 +21,24 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-from session_store import Lease, PauseKind, PlannedTask, RunFiles, Session
-from session_store._events import REFUSED
+from session_store import REFUSED, PauseKind, PlannedTask, RunFiles, Session
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
 from . import gates, prompt
 from .agents import Invocation, McpServer, Outcome, containment, preset_for, ralph_argv
 from .agents.presets import reported_usd
+from .inlet import Inlet, RunInfo
 from .mailbox import Mailbox, Mode, Rerun
 from .tracker import Tracker
 
-SECRET_ENV = ("RALPH_TELEGRAM_BOT_TOKEN",)
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "STORE_URL")
+
+
+def secret(name: str) -> bool:
+    """A variable of ralph's own that no agent gets (nor a file an agent can read)."""
+    return name.startswith("RALPH_") and any(word in name for word in _SECRET_WORDS)
 
 
 @dataclass(slots=True)
@@ -54,13 +62,14 @@ class _Prepared:
 
 
 class AgentRunner:
-    def __init__(self, session: Session, tracker: Tracker, config, mailbox: Mailbox, *,
-                 agent_for, admit: Callable[[], "Next | None"], wakeup: threading.Event,
-                 say: Callable[[str], None], clock):
+    def __init__(self, session: Session, tracker: Tracker, config, mailbox: Mailbox,
+                 inlet: Inlet, *, agent_for, admit: Callable[[], "Next | None"],
+                 wakeup: threading.Event, say: Callable[[str], None], clock):
         self.session = session
         self.tracker = tracker
         self.config = config
         self.mailbox = mailbox
+        self.inlet = inlet
         self._agent_for = agent_for
         self._admit = admit            # limits, then the hold for a pending human question
         self.wakeup = wakeup
@@ -77,13 +86,11 @@ class AgentRunner:
         self._last_run_ended: float | None = None
         self._stopping: Next | Rerun | None = None
         self._bus = session.events_after(None)
-        self.lease: Lease | None = None   # the engine's hold on the session (set by its run)
-        self._run_id: str | None = None    # the agent run open now, if any
         self._ralph = ralph_argv()
         # what every run inherits: the engine's environment, less the secrets and the
         # tests' hooks (read once: os.environ decodes every item on each look)
         self._base_env = {k: v for k, v in os.environ.items()
-                          if not k.startswith("RALPH_TEST_") and k not in SECRET_ENV}
+                          if not k.startswith("RALPH_TEST_") and not secret(k)}
 
     def run(self, role: str, task: PlannedTask | None = None,
             pending: list[dict] | None = None) -> RoleRun | Next:
@@ -94,7 +101,9 @@ class AgentRunner:
         self.current_task = task
         while True:
             prepared = self._prepare(role, task, list(pending or []))
-            outcome = self._execute(role, prepared.invocation)
+            outcome = self._execute(RunInfo(prepared.invocation.env[containment.RUN_MARK],
+                                            role, task.id if task else None),
+                                    prepared.invocation)
             for ended in self.run_ended:
                 ended(prepared.unit)
             if not outcome.stopped:
@@ -141,6 +150,7 @@ class AgentRunner:
 
     def _prepare(self, role: str, task: PlannedTask | None, pending: list[dict]) -> _Prepared:
         it, _ = self.tracker.iteration()
+        self.inlet.drain()
         self._bus.read_new()   # what came before this run is not its output
         self.tracker.metadata.usage.agent_invocations += 1   # names its logs (see Tracker)
         seq = self.tracker.metadata.usage.agent_invocations
@@ -150,8 +160,10 @@ class AgentRunner:
         env = dict(self._base_env)
         env.update({
             "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
-            "RALPH_SESSION_DIR": self.session.dir, "RALPH_ROLE": role,
-            "RALPH_ITERATION": str(it.number), "RALPH_ITERATION_DIR": it.dir,
+            "RALPH_SESSION_DIR": self.session.work_dir, "RALPH_ROLE": role,
+            # read-only for agents (a sandboxed one cannot write there): a poll's quick look
+            "RALPH_CONTROL_DIR": self.session.dir,
+            "RALPH_ITERATION": str(it.number), "RALPH_ITERATION_DIR": it.work_dir,
             "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
             # the run's mark: its events are taken while it is open, its processes found
             containment.RUN_MARK: os.path.basename(files.base)})
@@ -187,11 +199,10 @@ class AgentRunner:
                                     ended=self._end_run, mcp=mcp),
                          [g["id"] for g in guidance], unit)
 
-    def _execute(self, role: str, inv: Invocation) -> Outcome:
+    def _execute(self, run: RunInfo, inv: Invocation) -> Outcome:
         self._stopping = None
-        self._run_id = inv.env[containment.RUN_MARK]
-        if self.lease is not None:
-            self.lease.open_run(self._run_id)
+        role = run.role
+        self.inlet.open_run(run)
         try:
             outcome = self._agent_for(role).run(inv, self.wakeup, self._stop_requested)
         finally:
@@ -206,12 +217,13 @@ class AgentRunner:
 
     def _end_run(self) -> None:
         """The run is over: what it emits from now on is refused."""
-        if self.lease is not None and self._run_id is not None:
-            self.lease.close_run()
-        self._run_id = None
+        if self.inlet.run is not None:
+            self.inlet.close_run()
 
     def _stop_requested(self) -> str | None:
-        """Asked by the backend whenever it wakes: PAUSE / ABORT / a priority STEER."""
+        """Asked by the backend whenever it wakes: what its agent sent (the outbox), then
+        PAUSE / ABORT / a priority STEER."""
+        self.inlet.drain()
         for woken in self.woken:
             woken()
         self._stopping = self.mailbox.poll(Mode.AGENT)

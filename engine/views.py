@@ -54,6 +54,9 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "created_at": m.created_at.isoformat(),
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
+        # the control plane (out of agents' reach) and the agents' work area
+        "control_dir": session.dir,
+        "work_dir": session.work_dir,
         "last_events": tail_events(session.dir, last_events),
     }
 

@@ -9,26 +9,29 @@ _WHERE = {
     "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors", "DiskFault": "_errors",
     "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
     "QuestionCancelled": "_errors",
-    "Lease": "_lock", "run_over": "_lock",
+    "Lease": "_lock",
+    "WorkArea": "_work", "open_beneath": "_work", "Outbox": "_outbox", "OutboxLine": "_outbox",
+    "hold_engine_lock": "_outbox",
+    "state_root": "_places", "control_root": "_places", "work_root": "_places",
     "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
     "sessions_root": "_session", "open_channel_log": "_session",
     "Iteration": "_iteration", "Attempt": "_iteration", "RunFiles": "_iteration",
     "append_event": "_events", "read_events": "_events", "now_iso": "_events",
-    "tail_events": "_events", "complete_size": "_events",
+    "tail_events": "_events", "complete_size": "_events", "REFUSED": "_events",
     "Change": "_changes", "change_at": "_changes", "watch_paths": "_changes",
     "engine_watch_paths": "_changes",
     "SessionMetadata": "_metadata", "IterationMetadata": "_metadata",
     "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata",
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",
     "TaskCounts": "_metadata",
-    "write_atomic": "_atomic", "make_dirs": "_atomic",
+    "write_atomic": "_atomic", "make_dirs": "_atomic", "read_nofollow": "_atomic",
     "parse_yaml": "_schema", "dump_yaml": "_schema", "dump_plain": "_schema", "shown": "_schema",
     "structure": "_convert", "unstructure": "_convert", "structure_each": "_convert",
 }
 _RENAMED = {"acquire_lock": ("_lock", "acquire"), "running_pid": ("_lock", "running_pid")}
-_MODULES = ("progress", "signals", "questions")
+_MODULES = ("progress", "signals", "questions", "outbox")
 
 __all__ = sorted([*_WHERE, *_RENAMED, *_MODULES])
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ._errors import BadInput
 from ._events import EVENTS_FILE
+from ._outbox import OUTBOX
 from ._questions import question_id
 from ._session import check_id
 
@@ -25,12 +26,12 @@ class Change:
     question: str | None = None
 
 
-def engine_watch_paths(session_dir: str) -> tuple[list[str], list[str], list[str]]:
+def engine_watch_paths(session_dir: str, work_dir: str) -> tuple[list[str], list[str], list[str]]:
     """What wakes the engine that runs a session: (files, directories, trees) to watch.
-    The bus is watched as its file (what agents append while they run is shown as it
-    lands), not as the session directory, where the engine's own writes at every step
-    (metadata, the run lease) cost it more CPU, through the watcher, than the step itself."""
-    return ([os.path.join(session_dir, EVENTS_FILE)],
+    The outbox is watched as its file (what agents send while they run is taken as it
+    lands), not as the work area, where the engine's own writes (replies, notes) would
+    wake it for nothing; answers, questions and the mailbox in the control plane."""
+    return ([os.path.join(work_dir, OUTBOX)],
             [os.path.join(session_dir, ANSWERS_DIR), os.path.join(session_dir, QUESTIONS_DIR)],
             [os.path.join(session_dir, SIGNALS_DIR)])
 

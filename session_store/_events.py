@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 
 from . import _lock
 from ._atomic import FILE_MODE, disk, durable_write_done, fsync
-from ._errors import BadInput, RunOver
+from ._errors import BadInput
 
 EVENTS_FILE = "events.jsonl"
-REFUSED = "emit.refused"   # the record of an event from a run that is over
+REFUSED = "emit.refused"   # the record of a request the engine did not take
 _TAIL_CHUNK = 65536
 
 
@@ -90,24 +90,18 @@ def locked(session_dir: str, wait_seconds: float | None = None):
 
 def append_event(session_dir: str, topic: str, payload=None, *, source: str = "engine",
                  iteration: int | None = None, state: str | None = None,
-                 ts: str | None = None, run: str | None = None) -> dict:
-    """Append one record to the session's bus and return it (with its seq).
-
-    `run`: the agent run this event comes from. It lands only while that run is open
-    and its engine alive (checked under the bus lock, so an engine that has closed the
-    run hears nothing more from it); otherwise it is recorded as refused and RunOver
-    says why."""
+                 ts: str | None = None, run: str | None = None, via: list | None = None) -> dict:
+    """Append one record to the session's bus and return it (with its seq). `run`: the
+    agent run it came from; `via`: where in the work area's outbox (see _outbox)."""
     path = os.path.join(session_dir, EVENTS_FILE)
     with locked(session_dir) as fd, disk(path):
         seq = _last_seq_and_trim(fd) + 1
         record = {"seq": seq, "ts": ts or now_iso(), "topic": topic, "payload": payload,
                   "source": source, "iteration": iteration, "state": state}
-        why = _lock.run_over(session_dir, run) if run is not None else None
-        if why:
-            record.update(topic=REFUSED, payload={"topic": topic, "payload": payload,
-                                                  "why": why})
         if run is not None:
             record["run"] = run
+        if via is not None:
+            record["via"] = via
         line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         size = os.fstat(fd).st_size
         try:
@@ -119,8 +113,6 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
             os.ftruncate(fd, size)   # never leave a torn or unflushed line behind
             raise
     durable_write_done("event", path)
-    if why:
-        raise RunOver(f"{topic} refused: {why}")
     return record
 
 

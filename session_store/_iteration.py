@@ -16,9 +16,10 @@ from ._convert import structure, unstructure
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
 from ._schema import dump_plain, parse_yaml
+from ._work import open_beneath
 
 METADATA_FILE = "metadata.yaml"
-ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge", "logs")
+ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge")
 _OUTCOME = re.compile(r"^- outcome: (\w+)", re.MULTILINE)
 
 
@@ -48,13 +49,27 @@ class RunFiles:
 
 
 class Iteration:
-    """Files of `iterations/<N>/`. `dir` is also where agents write (RALPH_ITERATION_DIR)."""
+    """Files of `iterations/<N>/`: `dir` in the control plane (the plan, progress,
+    reports, reviews), `work_dir` in the work area, where agents write (RALPH_ITERATION_DIR:
+    the knowledge the Librarian stages) and the runs' logs are kept (their prompts and
+    output: what agents read and print, never read back to decide anything but the run's
+    own report)."""
 
-    def __init__(self, session_dir: str, number: int):
+    def __init__(self, session_dir: str, number: int, work=None):
         self.number = number
         self._session_dir = session_dir
         self.dir = os.path.join(session_dir, "iterations", str(number))
-        self.knowledge = Knowledge(self.dir)
+        self._work = work
+        self.work_rel = f"iterations/{number}"
+        self.work_dir = os.path.join(work.path, self.work_rel) if work else self.dir
+        self.knowledge = Knowledge(self.work_dir, self.dir)
+
+    def make_work_dirs(self) -> None:
+        """The agents' side of the iteration (knowledge/, logs/), made without following
+        links."""
+        if self._work is not None:
+            for sub in ("knowledge", "logs"):
+                os.close(self._work.dir_fd(f"{self.work_rel}/{sub}"))
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
@@ -69,6 +84,7 @@ class Iteration:
         tasks_before), not yet written: its first save (the plan's commit point) writes it
         whole, so a crash never leaves it half-initialised."""
         make_dirs(*(self.path(sub) for sub in ITERATION_SUBDIRS))
+        self.make_work_dirs()
         return IterationMetadata(iteration=self.number, started_at=now, **fields)
 
     def create(self, now: datetime, **fields) -> IterationMetadata:
@@ -176,44 +192,47 @@ class Iteration:
     def run_files(self, seq: int, name: str) -> RunFiles:
         return self._files_of(f"{seq:04d}-{name}")
 
+    @property
+    def logs(self) -> str:
+        return os.path.join(self.work_dir, "logs")
+
     def _files_of(self, run: str) -> RunFiles:
-        base = self.path("logs", run)
+        base = os.path.join(self.logs, run)
         return RunFiles(base + ".prompt.md", base + ".stdout", base + ".stderr")
 
     def runs_of(self, name: str) -> int:
         """How many runs of `name` (role, or role-task) this iteration has logs of."""
-        try:
-            return sum(1 for f in os.listdir(self.path("logs")) if f.endswith(f"-{name}.stdout"))
-        except FileNotFoundError:
-            return 0
+        return sum(1 for f in self.run_logs() if f.endswith(f"-{name}.stdout"))
 
     def write_prompt(self, files: RunFiles, text: str) -> None:
         """A log, like the run's output: written once, under a name of its own, no fsync."""
-        with disk(files.prompt):
-            fd = open_private(files.prompt)
-            try:
+        fd = self.open_output(files.prompt)
+        try:
+            with disk(files.prompt):
                 view = memoryview(text.encode("utf-8"))
                 while view:
                     view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
+        finally:
+            os.close(fd)
         durable_write_done("prompt", files.prompt, durable=False)
 
     def last_run_seq(self) -> int:
         """The highest run number among this iteration's logs (0 when none)."""
         return max((int(f[:4]) for f in self.run_logs() if f[:4].isdigit()), default=0)
 
-    @staticmethod
-    def open_output(path: str) -> int:
-        """A run's stdout or stderr, opened private (0600), never through a planted link."""
-        with disk(path):
-            return open_private(path)
+    def open_output(self, path: str) -> int:
+        """A log of one of its runs (`run_files`), opened private (0600) for writing, never
+        through a planted link (in the work area, agents can plant one anywhere)."""
+        if self._work is None:
+            with disk(path):
+                return open_private(path)
+        return open_beneath(self._work.path, path)
 
     def run_logs(self) -> list[str]:
         """The file names of every run's prompt and output, in run order."""
         try:
-            return sorted(os.listdir(self.path("logs")))
-        except FileNotFoundError:
+            return sorted(os.listdir(self.logs))
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
     def runs(self) -> list[dict]:
@@ -235,8 +254,8 @@ class Iteration:
         """The last `limit` bytes of one of `run_logs()` as text, and the file's size; None
         for a name that is not one of them (so a name from outside never becomes a path), a
         file outside the session, or one that is not a regular file (links not followed)."""
-        path = self.path("logs", name)
-        inside = os.path.realpath(self._session_dir) + os.sep
+        path = os.path.join(self.logs, name)
+        inside = os.path.realpath(self.work_dir) + os.sep
         if name not in self.run_logs() or not os.path.realpath(path).startswith(inside):
             return None   # a linked iterations/<N> or logs/ leads out of the session
         try:

@@ -1,7 +1,9 @@
 """`iterations/<N>/knowledge/`: what the Librarian staged, and what became of it.
 
-Promotion moves staged files into the workspace's docs dir; `promoted.yaml` lists what
-went where and is written before anything moves, so a crash mid-way resumes the same list.
+The Librarian stages files in the work area's `iterations/<N>/knowledge/`. Promotion
+moves them into the workspace's docs dir; `promoted.yaml`, in the control plane's
+`iterations/<N>/knowledge/` (out of the Librarian's reach), lists what went where and
+is written before anything moves, so a crash mid-way resumes the same list.
 Carrying forward moves them into the next iteration with a `carried_from.yaml` marker.
 The decision (promoted | skipped | carried) is recorded in the iteration's metadata by
 the caller, which makes it the commit point.
@@ -21,9 +23,10 @@ BOOKKEEPING = (PROMOTED, CARRIED)
 
 
 class Knowledge:
-    def __init__(self, iteration_dir: str):
+    def __init__(self, iteration_dir: str, record_dir: str | None = None):
         self.root = os.path.join(iteration_dir, "knowledge")
         self._iteration_dir = iteration_dir
+        self._record = os.path.join(record_dir or iteration_dir, "knowledge", PROMOTED)
 
     def staged(self) -> list[str]:
         """Regular files under knowledge/ (a symlink is no knowledge: promoting it would
@@ -37,10 +40,16 @@ class Knowledge:
                     found.append(os.path.relpath(path, self.root))
         return sorted(found)
 
-    def promote(self, docs: str, workspace: str, *, record: dict) -> None:
+    def promote(self, docs: str, workspace: str, *, record: dict,
+                outside_allowed: bool = False) -> str | None:
         """Move the staged files into `docs`; `record` (session, iteration, why, at) heads
-        promoted.yaml. A record left by an interrupted promotion is finished as it was."""
-        path = os.path.join(self.root, PROMOTED)
+        promoted.yaml. A record left by an interrupted promotion is finished as it was.
+        A docs dir that leads out of the workspace (a link an agent planted, say) is
+        refused unless `outside_allowed` (the human's own config said so): returns why."""
+        path = self._record
+        if not outside_allowed and not _inside(os.path.realpath(docs),
+                                               os.path.realpath(workspace)):
+            return f"the docs dir {docs} leads outside the workspace {workspace}"
         try:
             found = parse_yaml(read_nofollow(path), path)
         except (OSError, BadInput):   # none yet, or a symlink or garbage in its place
@@ -50,12 +59,14 @@ class Knowledge:
                 {"staged": f"knowledge/{rel}",
                  "promoted_to": os.path.relpath(os.path.join(docs, rel), workspace)}
                 for rel in self.staged()]}
+            make_dirs(os.path.dirname(path))
             write_atomic(path, dump_yaml(found), "knowledge-record")
         for entry in found["files"]:
             move = self._checked_move(docs, workspace, entry)
             if move is not None:
                 make_dirs(os.path.dirname(move[1]))
                 rename_durable(*move, "knowledge-promote")
+        return None
 
     def carry_to(self, following: "Knowledge", *, carried_from: int, now: datetime) -> None:
         """Nobody decided in time: the staged files go to the next iteration's knowledge/,

@@ -1,6 +1,8 @@
-"""The session directory of DESIGN §4, behind a few verbs."""
+"""A session of DESIGN §4, behind a few verbs: its control plane (`dir`, out of the
+agents' reach, see _places) and its work area (`work_dir`, in the workspace)."""
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -8,21 +10,23 @@ from datetime import datetime
 
 from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
+from ._work import WorkArea
 from ._convert import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
+from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
 from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
-SESSIONS_DIR = ".ralph-sessions"
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
 BLOCKERS_FILE = "blockers.yaml"
 SCRATCHPAD_FILE = "scratchpad.md"
 RESERVE_FILE = "disk-reserve"        # room kept aside to record a full disk
 RESERVE_BYTES = 64 * 1024
+MAX_SCRATCHPAD_BYTES = 1 << 20    # what of it is read (agents may write it without end)
 DISK_FAULT_FILE = "disk-fault.yaml"  # why the engine stopped: its disk refused a write
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SESSION_SUBDIRS = ("signals/inputs", "signals/processed", "signals/rejected",
@@ -40,18 +44,29 @@ def new_session_id(now: datetime) -> str:
 
 
 def sessions_root(workspace: str) -> str:
-    return os.path.join(os.path.abspath(workspace), SESSIONS_DIR)
+    """Where the workspace's sessions' control planes are."""
+    return control_root(workspace)
 
 
 class Session:
-    """One session's files, behind verbs. `dir` is the session's address: agents get it
-    (RALPH_SESSION_DIR) and the module-level verbs of signals and questions take it."""
+    """One session, behind verbs. `dir` is its control plane, the address the module-level
+    verbs of signals and questions take; `work_dir` is its work area, which agents get
+    (RALPH_SESSION_DIR) and may write."""
 
     def __init__(self, workspace: str, session_id: str, metadata: SessionMetadata):
         self.workspace = os.path.abspath(workspace)
         self.id = session_id
         self.dir = os.path.join(sessions_root(workspace), session_id)
+        self.work_dir = os.path.join(work_root(workspace), session_id)
         self.metadata = metadata
+        self._work: WorkArea | None = None
+
+    @property
+    def work(self) -> WorkArea:
+        """The engine's writer of the work area (every path walked without links)."""
+        if self._work is None:
+            self._work = WorkArea(self.work_dir)
+        return self._work
 
     @property
     def metadata_path(self) -> str:
@@ -64,15 +79,16 @@ class Session:
         write_atomic(self.metadata_path, dump_plain(unstructure(self.metadata)), "metadata")
 
     def iteration(self, number: int | None = None) -> Iteration:
-        return Iteration(self.dir, self.metadata.iteration if number is None else number)
+        return Iteration(self.dir, self.metadata.iteration if number is None else number,
+                         self.work)
 
     # --- the bus ---
 
     def append_event(self, topic: str, payload=None, *, source: str = "engine", ts=None,
-                     run: str | None = None) -> dict:
+                     run: str | None = None, via: list | None = None) -> dict:
         m = self.metadata
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
-                            state=m.orchestrator.state.value, ts=ts, run=run)
+                            state=m.orchestrator.state.value, ts=ts, run=run, via=via)
 
     def read_events(self, offset: int = 0):
         return read_events(self.dir, offset)
@@ -90,28 +106,36 @@ class Session:
     def append_scratchpad(self, *notes: tuple[str, str | None]) -> None:
         """Append notes (text, mark) in one rewrite; a note whose mark is there already
         is skipped, so appending is idempotent by mark."""
-        path = os.path.join(self.dir, SCRATCHPAD_FILE)
         old = self.scratchpad() or "# Scratchpad\n"
         new = [text.rstrip("\n") for text, mark in notes if not (mark and mark in old)]
         if new:
-            write_atomic(path, old.rstrip("\n") + "\n\n" + "\n".join(new) + "\n", "scratchpad")
+            self.work.write(SCRATCHPAD_FILE, old.rstrip("\n") + "\n\n" + "\n".join(new)
+                            + "\n", "scratchpad")
 
     def scratchpad(self) -> str | None:
+        """The scratchpad, in the work area (agents keep notes there): prompts' reading."""
         try:
-            return read_nofollow(os.path.join(self.dir, SCRATCHPAD_FILE)).decode(
-                "utf-8", errors="replace")
+            return read_nofollow(os.path.join(self.work_dir, SCRATCHPAD_FILE),
+                                 MAX_SCRATCHPAD_BYTES).decode("utf-8", errors="replace")
         except OSError:   # none, or a symlink planted in its place: not read
             return None
 
     # --- the config it started with, its blockers, its end ---
 
     def config_snapshot(self) -> tuple[bytes, str]:
-        """(the config text the session started with, its path for error messages)."""
+        """(the config text the session started with, its path for error messages). A
+        snapshot that is missing, empty or unreadable is refused: the session is never
+        resumed on defaults it did not start with."""
         path = os.path.join(self.dir, CONFIG_SNAPSHOT)
         try:
-            return read_nofollow(path), path
+            text = read_nofollow(path)
         except OSError as e:
-            raise BadInput(f"{path}: cannot be read ({e.strerror})") from None
+            raise BadInput(f"{path}: the session's config snapshot cannot be read "
+                           f"({e.strerror}); the session is not resumed without it") from None
+        if not text.strip():
+            raise BadInput(f"{path}: the session's config snapshot is empty; the session "
+                           f"is not resumed without it")
+        return text, path
 
     def count_blocker(self, cause: str, seq: int, keep: int) -> int | None:
         """Count one report of a blocker cause (bus record `seq`); the new count, or None
@@ -212,8 +236,13 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
            config_snapshot: str | None = None) -> Session:
     """Make a session directory whole, or not at all: built aside, then renamed in."""
     session_id = check_id(session_id) if session_id else new_session_id(now)
+    try:
+        check_state_dir(workspace)
+    except StateDirInWorkspace as e:
+        raise BadInput(str(e)) from None
     root = sessions_root(workspace)
     make_dirs(root)
+    _record_workspace(workspace)
     final = os.path.join(root, session_id)
     if os.path.lexists(final):
         raise BadInput(f"session {session_id} already exists in {root}")
@@ -224,20 +253,35 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
                            updated_at=now, limits=limits or Limits(), config_path=config_path)
     session = Session(workspace, session_id, meta)
     session.dir = staging
-    write_atomic(os.path.join(staging, SCRATCHPAD_FILE), "# Scratchpad\n", "scratchpad")
-    if config_snapshot is not None:
-        write_atomic(os.path.join(staging, CONFIG_SNAPSHOT), config_snapshot, CONFIG_SNAPSHOT)
-    Iteration(staging, 1).create(now)
-    session.save(now)
-    session.append_event("session.created", {"objective": objective}, ts=now.isoformat())
     try:
+        session.work.write(SCRATCHPAD_FILE, "# Scratchpad\n", "scratchpad")
+        if config_snapshot is not None:
+            write_atomic(os.path.join(staging, CONFIG_SNAPSHOT), config_snapshot,
+                         CONFIG_SNAPSHOT)
+        Iteration(staging, 1, session.work).create(now)
+        session.save(now)
+        session.append_event("session.created", {"objective": objective},
+                             ts=now.isoformat())
         os.rename(staging, final)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
+    except FileExistsError:
         raise BadInput(f"session {session_id} already exists in {root}") from None
+    except OSError as e:
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        raise BadInput(f"session {session_id} already exists in {root}") from None
+    finally:
+        if os.path.lexists(staging):   # not renamed in: nothing half-made is left
+            shutil.rmtree(staging, ignore_errors=True)
     fsync_dir(root)
     session.dir = final
     return session
+
+
+def _record_workspace(workspace: str) -> None:
+    """The workspace's path beside its sessions (the state directory names it by a hash)."""
+    path = os.path.join(os.path.dirname(sessions_root(workspace)), "workspace")
+    if not os.path.exists(path):
+        write_atomic(path, os.path.realpath(workspace) + "\n", "workspace")
 
 
 def load(workspace: str, session_id: str) -> Session:

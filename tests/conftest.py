@@ -46,6 +46,11 @@ def artifacts_dir() -> Path:
 
 def pytest_configure(config):
     config.stash[ARTIFACTS] = []
+    # the sessions' control planes: one state directory for the run, outside every test's
+    # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart
+    if not os.environ.get("RALPH_STATE_DIR"):
+        import tempfile
+        os.environ["RALPH_STATE_DIR"] = tempfile.mkdtemp(prefix="ralph-state-")
 
 
 def pytest_terminal_summary(terminalreporter, config):

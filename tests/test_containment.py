@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from support import (EVIDENCE, FAST, RALPH, base_env, events, finish, metadata, only_session,
-                     progress_markers, ralph, session_dirs, spawn, wait_for, write_config)
+                     progress_markers, ralph, session_dirs, spawn, wait_for, work_dir,
+                     write_config)
 from engine.agents import containment
 from engine.agents.presets import Claude, Codex, RunSetup
 
@@ -155,7 +156,8 @@ def alive(proc: tuple[int, str]) -> bool:
 
 
 def marked(sd: Path, run: str | None = None) -> set[int]:
-    return containment.find(str(sd), run)
+    """The processes carrying the session's mark (its work area, RALPH_SESSION_DIR)."""
+    return containment.find(str(work_dir(sd)), run)
 
 
 def runs_of(sd: Path, name: str) -> list[str]:
@@ -169,7 +171,7 @@ def nothing_left(workspace):
     """Whatever a failing test leaves (marked with one of its sessions) is stopped."""
     yield
     for sd in session_dirs(workspace):
-        containment.stop(lambda sd=sd: containment.find(str(sd)), grace=0.5)
+        containment.stop(lambda sd=sd: containment.find(str(work_dir(sd))), grace=0.5)
 
 
 # --- 1. a finished run: every process it started is stopped, however it hid ---
@@ -633,7 +635,7 @@ def test_codex_report_sums_turns_and_keeps_the_last_message():
     (3600, 3_660_000, 3_660_000),       # an hour's question, and a minute more
 ])
 def test_claude_bash_timeouts_outlast_a_question(ask_seconds, default_ms, most_ms):
-    env = Claude().env(RunSetup(log_base="/nonexistent/0001-planner",
+    env = Claude().env(RunSetup(log_base="/nonexistent/0001-planner", work_dir="/nonexistent",
                                 ask_timeout_seconds=ask_seconds))
     assert int(env["BASH_DEFAULT_TIMEOUT_MS"]) == default_ms
     assert int(env["BASH_MAX_TIMEOUT_MS"]) == most_ms
@@ -829,7 +831,7 @@ def test_an_unmarked_descendant_is_killed_even_when_its_parents_die_first(worksp
         sd = only_session(ws)
         run = runs_of(sd, "executor-t1")[0]
         assert stubborn[0] not in marked(sd)            # no mark: only the tree has it
-        assert stubborn[0] in containment.find(str(sd), run, root=wrapper[0])
+        assert stubborn[0] in containment.find(str(work_dir(sd)), run, root=wrapper[0])
         assert ralph(ws, "signal", "pause", "stop").returncode == 0
         code, out, err = finish(proc)
         assert code == 3, (out, err)

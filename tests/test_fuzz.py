@@ -357,6 +357,7 @@ def test_emit_parse_args_returns_or_says_why(argv):
     with time_limit(10, "emit.parse_args"), contextlib.redirect_stdout(out):
         try:
             topic, payload = emit.parse_args(argv)
+            emit.check(topic, payload, "--json")
         except emit.EmitError as e:
             assert str(e).strip() and len(str(e)) < 2000
             return

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from support import (EVIDENCE, FAST, base_env, events, metadata, only_session, progress_markers,
+                     work_dir,
                      ralph, write_config, write_scenario)
 from engine.machine import allowed
 from states import State
@@ -38,13 +39,21 @@ def test_demo_session_end_to_end(workspace):
     r = ralph(workspace, "session", "start", "Build a greeting CLI", env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
     sd = only_session(workspace)
-    for name in ("metadata.yaml", "events.jsonl", "scratchpad.md", "session.lock",
+    # the control plane, out of the workspace (the state directory)
+    assert not sd.is_relative_to(workspace)
+    for name in ("metadata.yaml", "events.jsonl", "session.lock", "config.yaml",
                  "signals/inputs", "signals/processed", "signals/rejected", "questions",
                  "answers", "iterations/1/metadata.yaml", "iterations/1/plan.md",
                  "iterations/1/progress.md", "iterations/1/tasks/greet.md",
                  "iterations/1/reports/greet-report.md", "iterations/1/reviews/greet.md",
-                 "iterations/1/knowledge/promoted.yaml", "iterations/1/logs"):
+                 "iterations/1/knowledge/promoted.yaml"):
         assert (sd / name).exists(), name
+    # the work area, in the workspace: the agents' side
+    work = workspace / ".ralph-sessions" / sd.name
+    assert work_dir(sd) == work
+    for name in ("scratchpad.md", "outbox.jsonl", "iterations/1/logs", "iterations/1/knowledge"):
+        assert (work / name).exists(), name
+    assert not (work / "metadata.yaml").exists() and not (work / "events.jsonl").exists()
     assert progress_markers(sd) == {"1": {"greet": "x", "farewell": "x", "cli": "x"}}
     assert (workspace / ".ralph-demo/docs/demo-project.md").exists()
     meta = metadata(sd)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
+from pathlib import Path
 
 from support import REPO, base_env, ralph
 from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
@@ -20,10 +21,15 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 def test_create_lays_out_the_session(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
+    control, work = Path(s.dir), workspace / ".ralph-sessions/s1"
+    assert not control.is_relative_to(workspace)   # the control plane: out of agents' reach
     for sub in ("signals/inputs", "signals/processed", "signals/rejected", "questions",
-                "answers", "iterations/1/tasks", "iterations/1/logs", "iterations/1/knowledge"):
-        assert (workspace / ".ralph-sessions/s1" / sub).is_dir(), sub
-    meta = yaml.safe_load((workspace / ".ralph-sessions/s1/metadata.yaml").read_text())
+                "answers", "iterations/1/tasks", "iterations/1/knowledge"):
+        assert (control / sub).is_dir(), sub
+    for sub in ("iterations/1/logs", "iterations/1/knowledge"):   # the agents' side
+        assert (work / sub).is_dir(), sub
+    assert (work / "scratchpad.md").is_file() and not (work / "metadata.yaml").exists()
+    meta = yaml.safe_load((control / "metadata.yaml").read_text())
     assert meta["schema_version"] == 1 and meta["revision"] == 1
     assert meta["orchestrator"]["state"] == "PLANNING" and meta["status"] == "active"
     assert [e["topic"] for e in read_events(s.dir)[0]] == ["session.created"]

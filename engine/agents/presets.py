@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 
 
-from session_store._atomic import write_atomic
+from session_store import open_beneath
 
 from ..config import Backend, PromptMode
 
@@ -44,6 +44,7 @@ class McpServer:
 class RunSetup:
     """What a preset may need to know of the run it prepares."""
     log_base: str                  # the run's logs: <log_base>.prompt.md, .stdout, .stderr
+    work_dir: str                  # the session's work area, where the logs are
     ask_timeout_seconds: float     # how long a human question may block a tool call
     mcp: McpServer | None = None   # wire ralph's MCP server into the CLI (supports_mcp)
 
@@ -112,7 +113,7 @@ class Claude(Preset):
         if setup.mcp is not None:
             # its tools allowed by name, like Bash; the config in a file of the run's logs
             config = setup.log_base + ".mcp.json"
-            write_private(config, json.dumps({"mcpServers": {"ralph": {
+            write_private(setup.work_dir, config, json.dumps({"mcpServers": {"ralph": {
                 "type": "stdio", "command": setup.mcp.command, "args": setup.mcp.args,
                 "env": setup.mcp.env}}}))
             argv[argv.index("Bash")] = "Bash mcp__ralph"
@@ -261,8 +262,13 @@ PRESETS: dict[Backend, Preset] = {Backend(p.name): p for p in (
     Claude(), Codex(), Gemini(), Kiro(), Amp(), Copilot(), Opencode())}
 
 
-def write_private(path: str, text: str) -> None:
-    write_atomic(path, text, "agent-config", durable=False)   # rewritten for each run
+def write_private(work_dir: str, path: str, text: str) -> None:
+    """A file of the run's, in the work area (never through a planted link)."""
+    fd = open_beneath(work_dir, path)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _json_lines(text: str):

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-from session_store import Iteration
-from session_store._atomic import read_nofollow
+from session_store import open_beneath, read_nofollow
 
 from ..config import PromptMode
-from . import containment
+from .. import containment
 from .presets import ARG_LIMIT, McpServer, Preset, RunReport, RunSetup
 
 
@@ -31,7 +30,7 @@ class Invocation:
     prompt: str
     env: dict[str, str]        # carries the run's marks (containment.RUN_MARK, SESSION_MARK)
     cwd: str
-    log_base: str          # iterations/<N>/logs/<seq>-<role>[-<task>]; .prompt.md/.stdout/.stderr
+    log_base: str          # <work area>/iterations/<N>/logs/<seq>-<role>[-<task>]: .prompt.md...
     timeout: float
     ask_timeout: float = 600.0               # how long a human question may block a tool
     ended: Callable[[], None] = lambda: None  # the run is over: no event of it is taken
@@ -74,7 +73,9 @@ class CommandAgent:
             should_stop=None) -> Outcome:
         """Run to the end, the timeout, or until `should_stop()` (asked whenever `wakeup`
         is set, by the mailbox watcher or by the process exiting) returns a reason."""
-        setup = RunSetup(log_base=inv.log_base, ask_timeout_seconds=inv.ask_timeout,
+        work_dir = inv.env[containment.SESSION_MARK]
+        setup = RunSetup(log_base=inv.log_base, work_dir=work_dir,
+                         ask_timeout_seconds=inv.ask_timeout,
                          mcp=inv.mcp if self.preset.supports_mcp else None)
         argv = self.preset.argv(self.extra_args, setup)
         stdin_data = None
@@ -91,9 +92,10 @@ class CommandAgent:
         env = {**inv.env, **self.preset.env(setup)}
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
-        # private (0600) and never through a symlink planted at these predictable names
-        with open(Iteration.open_output(inv.log_base + ".stdout"), "wb") as out, \
-                open(Iteration.open_output(inv.log_base + ".stderr"), "wb") as err:
+        # private (0600) and never through a link planted at these predictable names, or in
+        # place of a directory above them (the work area is the agents')
+        with open(open_beneath(work_dir, inv.log_base + ".stdout"), "wb") as out, \
+                open(open_beneath(work_dir, inv.log_base + ".stderr"), "wb") as err:
             before = frozenset(containment.children())   # not the run's: kept out of it
             try:
                 proc = subprocess.Popen(

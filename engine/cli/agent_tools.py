@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import os
 
-from .common import EXIT_OK, EXIT_PAUSED, open_session, workspace
+from .common import EXIT_OK, EXIT_PAUSED, workspace
+
+
+def _work_dir(args) -> str:
+    """The session's work area, where agents' tools talk to its engine."""
+    from session_store import BadInput
+
+    from ..tools.emit import EmitError, session_dir
+    os.environ.setdefault("RALPH_WORKSPACE", workspace(args))
+    try:
+        return session_dir(args.session)
+    except EmitError as e:
+        raise BadInput(str(e)) from None
 
 
 def cmd_interact_ask(args) -> int:
     """For agents: ask a human and block inside the agent's own run."""
     from ..tools.interact import ask_and_wait
     answer, answered = ask_and_wait(args.question, timeout=args.timeout, default=args.default,
-                                    options=args.option or [], session_id=args.session,
-                                    workspace=workspace(args))
+                                    options=args.option or [], work_dir=_work_dir(args))
     if answer is not None:
         print(answer, flush=True)   # at once: the interpreter's exit takes tens of ms more
     return EXIT_OK if answered else EXIT_PAUSED
@@ -20,10 +31,9 @@ def cmd_interact_ask(args) -> int:
 
 def cmd_interact_progress(args) -> int:
     """For agents: a fire-and-forget note to the humans, recorded on the bus."""
-    from ..tools.emit import publish
-    record = publish(open_session(args).dir, "human.progress", args.message)
-    print(f"progress noted (seq {record['seq']})")
-    return EXIT_OK
+    from ..tools.emit import progress_main
+    argv = [args.message] + (["--session", args.session] if args.session else [])
+    return progress_main(argv)
 
 
 def cmd_signals_poll(args) -> int:
@@ -33,21 +43,14 @@ def cmd_signals_poll(args) -> int:
     from session_store import dump_yaml
 
     from ..tools.signals import poll
-    result = poll(open_session(args).dir, args.role or os.environ.get("RALPH_ROLE") or "")
+    result = poll(_work_dir(args), args.role or os.environ.get("RALPH_ROLE") or "")
     print(json.dumps(result, indent=2) + "\n" if args.json else dump_yaml(result), end="")
     return EXIT_OK
 
 
 def cmd_mcp(args) -> int:
     """For agents: serve the session's tools over MCP (stdio) until the client leaves."""
-    from session_store import BadInput
-
-    from ..tools.emit import EmitError, session_dir
-    os.environ.setdefault("RALPH_WORKSPACE", workspace(args))
-    try:
-        directory = session_dir(args.session)
-    except EmitError as e:
-        raise BadInput(str(e)) from None
+    directory = _work_dir(args)
     from ..tools.mcp_server import serve
     serve(directory)
     return EXIT_OK

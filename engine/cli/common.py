@@ -41,3 +41,21 @@ def open_session(args):
 def bad(message: str):
     from session_store import BadInput
     return BadInput(message)
+
+
+def human_only(verb: str) -> None:
+    """A human's verb (answer, signal, resume, init, web, bot) refuses to run inside an
+    agent run: an agent must not answer its own question, approve its own knowledge or
+    steer its own session. The run is known however the call hides it (a cleared
+    environment, setsid, a double fork): every process of a run descends from the run's
+    supervisor (containment.agent_run_of). The refusal is recorded on the bus, as the
+    run's, through the session's work area."""
+    from ..containment import agent_run_of
+    run = agent_run_of()
+    if run is None:
+        return
+    why = f"refused inside {run}: `ralph {verb}` is a human's to do"
+    if run.session_dir:
+        from ..tools.emit import report_refusal
+        report_refusal(run.session_dir, verb, why, run=run.run_id)
+    raise bad(f"{verb}: {why}")

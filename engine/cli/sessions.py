@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import EXIT_OK, bad, config_file, workspace
+from .common import EXIT_OK, bad, config_file, human_only, workspace
 
 
 def cmd_start(args) -> int:
@@ -30,6 +30,7 @@ def cmd_start(args) -> int:
                     max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
     _apply_limit_flags(limits, args)
     _preflight(config)
+    cfg.check_paths(config, workspace(args), config_path)
     notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
     session = create(workspace(args), objective.strip(), now=SystemClock().now(),
@@ -38,7 +39,8 @@ def cmd_start(args) -> int:
                      config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))))
     if notice:   # once the session exists: a refused start stays one line
         print(notice, file=sys.stderr, flush=True)
-    print(f"session {session.id} created in {session.dir}", flush=True)
+    print(f"session {session.id} created: its work area is {session.work_dir}, its "
+          f"control files (out of agents' reach) are in {session.dir}", flush=True)
     return _run(session, config, resume=False)
 
 
@@ -65,6 +67,7 @@ def cmd_resume(args) -> int:
     from session_store import BadInput, Status, load, resolve_id
 
     from .. import config as cfg
+    human_only("session resume")
     ws = workspace(args)
     session = load(ws, resolve_id(ws, args.session_id))
     status = session.metadata.status
@@ -76,6 +79,7 @@ def cmd_resume(args) -> int:
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
     cfg.check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
+    cfg.check_paths(config, ws, session.metadata.config_path)
     _preflight(config)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, resume=True, message=args.message)
@@ -153,6 +157,7 @@ def cmd_answer(args) -> int:
     from session_store import BadInput, check_id, load, questions, resolve_id
 
     from ..clock import SystemClock
+    human_only("session answer")
     ws = workspace(args)
     session = load(ws, resolve_id(ws, args.session_id))
     qid = args.question

@@ -4,13 +4,15 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import EXIT_OK, bad, config_file, open_session, shown_path, workspace
+from .common import (EXIT_OK, bad, config_file, human_only, open_session, shown_path,
+                     workspace)
 
 
 def cmd_signal(args) -> int:
     from session_store import signals
 
     from ..clock import SystemClock
+    human_only("signal")
     if args.priority and args.type != "steer":
         raise bad("--priority is for steer signals only")
     session = open_session(args)
@@ -41,6 +43,7 @@ def cmd_diagram(args) -> int:
 def cmd_bot_run(args) -> int:
     """The workspace's Telegram bot in the foreground, for every session."""
     from .. import config as cfg
+    human_only("bot run")
     from ..channels import telegram
     ws = workspace(args)
     found = telegram.settings(cfg.load(config_file(args)), require_enabled=False)
@@ -49,6 +52,7 @@ def cmd_bot_run(args) -> int:
 
 def cmd_web(args) -> int:
     from ..channels.web import serve
+    human_only("web")
     return serve(workspace(args), args.host, args.port)
 
 
@@ -56,6 +60,7 @@ def cmd_init(args) -> int:
     from importlib import resources
 
     from session_store import write_atomic
+    human_only("init")
     path = args.output or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if os.path.exists(path) and not args.force:
         raise bad(f"{path} already exists; use --force to overwrite it")

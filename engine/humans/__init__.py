@@ -4,5 +4,6 @@ returns decisions (a Next to fire) rather than raising."""
 from .blockers import BlockerLedger
 from .desk import HumanDesk
 from .fallback import Assessor
+from .run_questions import RunQuestions
 
-__all__ = ["Assessor", "BlockerLedger", "HumanDesk"]
+__all__ = ["Assessor", "BlockerLedger", "HumanDesk", "RunQuestions"]

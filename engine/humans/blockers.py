@@ -13,6 +13,7 @@ import re
 from session_store import PauseKind
 from states import Next, Trigger
 
+from ..config import inside
 from ..event_schemas import validate_blocker
 
 LAST_RESORT = (
@@ -36,10 +37,11 @@ def normalise(cause: str) -> str:
 class BlockerLedger:
     """Observes each run's events; returns a pause when a cause came back too often."""
 
-    def __init__(self, session, settings, observations):
+    def __init__(self, session, settings, observations, *, outside_allowed: bool = False):
         self.session = session
         self.settings = settings            # blockers config: trace_path, repeat_limit
         self.observations = observations    # the assessor's counters (blockers_in_iteration)
+        self._outside_allowed = outside_allowed   # the human's own config said so
 
     def observe(self, emitted: list[dict]) -> Next | None:
         repeated = None
@@ -68,8 +70,12 @@ class BlockerLedger:
             return
         target = os.path.join(self.session.workspace, os.path.expanduser(target))
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        if not self._outside_allowed and not inside(
+                os.path.realpath(target), os.path.realpath(self.session.workspace)):
+            return   # a link planted since the start leads out: the trace is not written
         line = json.dumps({**trace, "session": self.session.id}, ensure_ascii=False) + "\n"
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, line.encode())

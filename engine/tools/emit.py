@@ -1,7 +1,9 @@
 """`ralph emit TOPIC [PAYLOAD] [--json JSON]`: the agents' way to talk to the engine.
 
-The cold path imports the stdlib and the event bus only (no yaml, attrs, transitions):
-agents call this constantly.
+An event goes to the session's outbox, in the work area (agents never write the control
+plane); the engine takes it from there, as the run's, and records it on the bus. The cold
+path imports the stdlib and the outbox only (no yaml, attrs, transitions): agents call
+this constantly.
 """
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ import re
 import sys
 
 TOPIC = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
+# what only the engine or a human says: an agent's event on one of these would speak as
+# ralph (a transition, a pause) or as a human (an answer, an approval)
+RESERVED_PREFIXES = ("session.", "engine.", "gate.", "fallback.", "signal.", "emit.", "cli.",
+                     "ralph.", "hook.", "approval.", "limit.", "diagnostics.")
+RESERVED = frozenset({"human.question", "human.response", "human.timeout", "task.resume",
+                      "knowledge.promoted", "knowledge.refused"})
+MAX_EVENT_BYTES = 1 << 20   # session_store's outbox cap unless its header says otherwise
 USAGE = "usage: ralph emit TOPIC [PAYLOAD] [--json JSON] [--session ID]"
 
 
@@ -52,14 +61,22 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
             raise EmitError("--json: a \\ud800-style escape that is no character")
     else:
         payload = args[1] if len(args) == 2 else None
-    check(topic, payload, "--json")
-    return topic, payload
+    return topic, payload   # the caller checks it (check), with the engine's size cap
 
 
-def check(topic: str, payload, where: str = "payload") -> None:
-    """An event an agent may publish: a dotted topic, and the fields the engine reads
-    for `blocker` and `confidence` (EmitError says what is wrong)."""
+def check(topic: str, payload, where: str = "payload",
+          max_bytes: int = MAX_EVENT_BYTES) -> None:
+    """An event an agent may publish: a dotted topic that is not the engine's or a
+    human's, a payload of at most `max_bytes`, and the fields the engine reads for
+    `blocker` and `confidence` (EmitError says what is wrong)."""
     _check_topic(topic)
+    if topic in RESERVED or topic.startswith(RESERVED_PREFIXES):
+        raise EmitError(f"topic {topic}: reserved for the engine and humans; agents "
+                        f"publish their own outcomes (build.done, review.done, ...)")
+    size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise EmitError(f"{where}: {size} bytes; an event carries at most {max_bytes} "
+                        f"(put the rest in a file of the workspace and name it)")
     if topic in ("blocker", "confidence"):  # topics the engine reads field by field
         from ..event_schemas import VALIDATORS
         problem = VALIDATORS[topic](payload)
@@ -73,16 +90,31 @@ def _check_topic(topic: str) -> None:
                         f"(letters, digits, _ and -)")
 
 
-def publish(directory: str, topic: str, payload) -> dict:
-    """Append an agent's event to the session's bus, stamped from the run's environment
-    (role, iteration, state, run: an event of a run that is over is refused)."""
-    from session_store._events import append_event
-    iteration = os.environ.get("RALPH_ITERATION", "")
-    return append_event(directory, topic, payload,
-                        source=os.environ.get("RALPH_ROLE") or "cli",
-                        iteration=int(iteration) if iteration.isdigit() else None,
-                        state=os.environ.get("RALPH_STATE") or None,
-                        run=os.environ.get("RALPH_RUN_ID") or None)
+def publish(work_dir: str, topic: str, payload, run: str | None = None) -> str:
+    """Send an agent's event to the engine (the session's outbox, in `work_dir`), as the
+    run of this environment's RALPH_RUN_ID; returns the request's id. RunOver when the
+    engine will not take it as the run's (the run is over, no engine runs): the line is
+    written all the same, and the engine records it as refused. `run`: the run, where it
+    is not this process's environment's (an in-process agent's)."""
+    from session_store import RunOver, outbox
+    rid = outbox.new_request_id()
+    why = outbox.post(work_dir, {"kind": "event", "id": rid, "topic": topic,
+                                 "payload": payload, "run": run or run_id()})
+    if why:
+        raise RunOver(f"{topic} refused: {why}")
+    return rid
+
+
+def run_id() -> str | None:
+    return os.environ.get("RALPH_RUN_ID") or None
+
+
+def max_event_bytes(work_dir: str) -> int:
+    """The cap the engine announced in the outbox's header, else the default."""
+    from session_store import outbox
+    head = outbox.header(work_dir) or {}
+    cap = head.get("max_event_bytes")
+    return cap if type(cap) is int and cap > 0 else MAX_EVENT_BYTES
 
 
 def is_text(value: str) -> bool:
@@ -122,22 +154,19 @@ def take_session(argv: list[str]) -> tuple[list[str], str | None]:
 
 
 def session_dir(session_id: str | None = None) -> str:
-    """$RALPH_SESSION_DIR inside an agent; else the workspace's session named by --session,
-    $RALPH_SESSION_ID or the only open one (slower path)."""
+    """The session's work area: $RALPH_SESSION_DIR inside an agent; else the workspace's
+    session named by --session, $RALPH_SESSION_ID or the only open one (slower path)."""
     found = None if session_id else os.environ.get("RALPH_SESSION_DIR")
     if found:
         if not os.path.isdir(found):
             raise EmitError(f"RALPH_SESSION_DIR {found}: no such session directory")
         return os.path.abspath(found)   # its parts name the workspace and the session
-    from session_store import BadInput, resolve_id, sessions_root  # not on an agent's path
+    from session_store import BadInput, load, resolve_id  # not on an agent's path
     workspace = os.environ.get("RALPH_WORKSPACE", os.getcwd())
     try:
-        found = os.path.join(sessions_root(workspace), resolve_id(workspace, session_id))
+        return load(workspace, resolve_id(workspace, session_id)).work_dir
     except BadInput as e:
         raise EmitError(str(e)) from None
-    if not os.path.isdir(found):
-        raise EmitError(f"unknown session {os.path.basename(found)} in {sessions_root(workspace)}")
-    return found
 
 
 def progress_main(argv: list[str]) -> int:
@@ -151,22 +180,27 @@ def progress_main(argv: list[str]) -> int:
     except EmitError as e:
         print(f"ralph: error: {e}", file=sys.stderr)
         return 2
-    from session_store._errors import BadInput, DiskFault
+    from session_store import BadInput, DiskFault
     try:
-        record = publish(directory, "human.progress", argv[0])
+        check("human.progress", argv[0], "MESSAGE", max_event_bytes(directory))
+        publish(directory, "human.progress", argv[0])
+    except EmitError as e:
+        report_refusal(directory, "tools interact progress", str(e))
+        print(f"ralph: error: {e}", file=sys.stderr)
+        return 2
     except (BadInput, DiskFault) as e:
         print(f"ralph: error: {e}", file=sys.stderr)
         return 2
-    print(f"progress noted (seq {record['seq']})")
+    print("progress noted")
     return 0
 
 
 def poll_when_empty(argv: list[str]) -> int | None:
     """`ralph tools signals poll [--role R] [--session ID] [--json]` when nothing waits in
     the mailbox, the usual case at an agent's step boundary: answered from a directory
-    listing. None when there is something to parse and take (the CLI does that)."""
-    from session_store._inbox import waiting
-    from session_store._types import ROLES
+    listing of the control plane (read-only: $RALPH_CONTROL_DIR, which the engine gives
+    its runs). None when there is something to take (the engine does that, asked)."""
+    from session_store import ROLES, signals
     try:
         argv, session_id = take_session(argv)
         as_json, role, it = False, os.environ.get("RALPH_ROLE") or "", iter(argv)
@@ -177,12 +211,12 @@ def poll_when_empty(argv: list[str]) -> int | None:
                 role = next(it, "")
             else:
                 return None   # anything else: the CLI says what is wrong
-        if role.lower() not in ROLES:
+        control = os.environ.get("RALPH_CONTROL_DIR")
+        if role.lower() not in ROLES or session_id or not control:
             return None
-        directory = session_dir(session_id)
     except EmitError:
         return None
-    if waiting(directory):
+    if signals.waiting(control):
         return None
     print('{\n  "signals": [],\n  "engine_will_act_on": []\n}' if as_json
           else "signals: []\nengine_will_act_on: []")
@@ -190,18 +224,37 @@ def poll_when_empty(argv: list[str]) -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(USAGE)
+        return 0
     try:
         argv, session_id = take_session(argv)
-        topic, payload = parse_args(argv)
         directory = session_dir(session_id)
     except EmitError as e:
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
-    from session_store._errors import BadInput, DiskFault
+    from session_store import BadInput, DiskFault
     try:
-        record = publish(directory, topic, payload)
+        topic, payload = parse_args(argv)
+        check(topic, payload, "--json", max_event_bytes(directory))
+        publish(directory, topic, payload)
+    except EmitError as e:
+        report_refusal(directory, "emit " + " ".join(argv)[:200], str(e))
+        print(f"ralph emit: error: {e}", file=sys.stderr)
+        return 2
     except (BadInput, DiskFault) as e:   # a symlink, a run that is over, a full disk
         print(f"ralph emit: error: {e}", file=sys.stderr)
         return 2
-    print(f"emitted {topic} (seq {record['seq']})")
+    print(f"emitted {topic}")
     return 0
+
+
+def report_refusal(work_dir: str, command: str, why: str, run: str | None = None) -> None:
+    """What an agent tried and was refused is recorded (by the engine, as the run's): a
+    line in the outbox, best effort. `run`: where the environment no longer says it."""
+    from session_store import BadInput, DiskFault, outbox
+    try:
+        outbox.post(work_dir, {"kind": "refusal", "id": outbox.new_request_id(),
+                               "run": run or run_id(), "command": command, "why": why})
+    except (BadInput, DiskFault, OSError):
+        pass

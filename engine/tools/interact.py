@@ -1,117 +1,36 @@
 """`ralph tools interact ask`: a blocking question inside the agent's own run (seed 003).
 
-The agent's process waits (its context is kept) until a channel writes the answer or the
-timeout passes; its timeout is the agent's to handle (exit 3 and the default), not the
-engine's policy. The wait wakes on the answer file landing (inotify through watchdog).
+The agent's process waits (its context is kept) while the engine asks: the question is
+the engine's to create, announce, answer and time out (the control plane is out of the
+agent's reach), and its reply comes back through the work area's inbox. Its timeout is
+the agent's to handle (exit 3 and the default), not the engine's policy.
 """
 from __future__ import annotations
 
-import os
-import signal
-import threading
-from datetime import timedelta
+from .client import Waiting, request
 
-from session_store import BadInput, RunOver, load, questions, resolve_id, run_over
-
-from .. import config as cfg
-from ..clock import CHECK_SECONDS, SystemClock
-from ..mailbox import watch
-
-
-class Waiting:
-    """A wait for an answer that another thread may end (the MCP server's: its call was
-    cancelled, or the server is stopping)."""
-
-    def __init__(self):
-        self.woken = threading.Event()
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.woken.set()
+__all__ = ["Waiting", "ask_and_wait"]
 
 
 def ask_and_wait(text: str, *, timeout: float | None, default: str | None,
-                 options: list[str], session_id: str | None, workspace: str,
-                 clock=None, waiting: Waiting | None = None) -> tuple[str | None, bool]:
+                 options: list[str], work_dir: str,
+                 waiting: Waiting | None = None) -> tuple[str | None, bool]:
     """(the answer, True) or (the default, False) on timeout. Without `waiting`, SIGTERM
-    (the run being stopped) ends the wait."""
-    clock = clock or SystemClock()
-    session = load(workspace, resolve_id(workspace, session_id))
-    if timeout is None:
-        timeout = cfg.load_session_config(session).RObot.timeout_seconds
-    if timeout <= 0:
-        raise BadInput(f"--timeout {timeout:g}: expected a positive number of seconds")
-    run = os.environ.get("RALPH_RUN_ID") or None
-    if run and (why := run_over(session.dir, run)):
-        raise RunOver(f"ask refused: {why}")   # nobody would hear the answer
-    now = clock.now()
-    iteration = os.environ.get("RALPH_ITERATION", "")
-    question = questions.ask(session.dir, questions.Question(
-        id=questions.new_question_id(now), text=text, asked_at=now,
-        deadline=now + timedelta(seconds=timeout), on_timeout="continue", kind="in_run",
-        options=options, default=default,
-        context=questions.QuestionContext(
-            session=session.id, state=os.environ.get("RALPH_STATE")
-            or session.metadata.orchestrator.state.value,
-            iteration=int(iteration) if iteration.isdigit() else session.metadata.iteration,
-            role=os.environ.get("RALPH_ROLE"), task=os.environ.get("RALPH_TASK_ID"))))
+    (the run being stopped) ends the wait (KeyboardInterrupt)."""
+    import signal
+    previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term) if waiting is None \
+        else None
     try:
-        session.append_event("human.question", {"id": question.id, "text": text,
-                                                "in_run": True,
-                                                "deadline": question.deadline.isoformat()},
-                             source=os.environ.get("RALPH_ROLE") or "cli", run=run)
-    except RunOver:   # the run ended meanwhile: nobody would hear the answer
-        questions.resolve(session.dir, question, questions.QuestionStatus.CANCELLED,
-                          clock.now())
-        raise
-    on_term = waiting is None
-    waiting = waiting or Waiting()
-    woken = waiting.woken
-
-    watched = [os.path.join(session.dir, "answers"), os.path.join(session.dir, "questions")]
-
-    def changed(path: str) -> None:
-        # only this question's files wake the agent: waking on every file of a write
-        # (temp file, data, link) fought the watcher's threads for the interpreter; a
-        # watched directory itself is the poll's tick where no watcher works
-        if path in watched or questions.question_id(os.path.basename(path)) == question.id:
-            woken.set()
-    stop_watching = watch(watched, None, notify=changed)
-    previous = signal.signal(signal.SIGTERM, _stop_waiting_on_term) if on_term else None
-    try:
-        while True:
-            if waiting.cancelled:
-                raise KeyboardInterrupt
-            answer = questions.read_answer(session.dir, question.id)
-            if answer is not None:
-                questions.resolve(session.dir, question, questions.QuestionStatus.ANSWERED,
-                                  clock.now())
-                return answer.text, True
-            # read again (after the answer, which is what the agent waits for): a channel
-            # that cannot deliver it moves its deadline to now
-            question = questions.load_question(session.dir, question.id)
-            left = (question.deadline - clock.now()).total_seconds()
-            if left <= 0:
-                questions.resolve(session.dir, question, questions.QuestionStatus.TIMED_OUT,
-                                  clock.now())
-                session.append_event("human.timeout", {"id": question.id, "in_run": True,
-                                                       "default": default},
-                                     source=os.environ.get("RALPH_ROLE") or "cli", run=run)
-                return default, False
-            woken.wait(min(left, CHECK_SECONDS))   # a stepped clock is read again
-            woken.clear()
-    except KeyboardInterrupt:
-        # the run is being stopped (PAUSE, ABORT, timeout) or the human gave up waiting:
-        # the question stays answerable, and its answer goes to the next run of this unit
-        questions.mark_asker_gone(session.dir, question)
-        raise
+        reply = request(work_dir, "ask", {"text": text, "options": list(options),
+                                          "default": default, "timeout": timeout},
+                        waiting=waiting)
     finally:
-        if on_term:
+        if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        # stopping the watcher joins watchdog's threads (up to ~20 ms): not on the way
-        # from the answer to the agent
-        threading.Thread(target=stop_watching, name="stop-watching", daemon=True).start()
+    if reply.get("answered"):
+        return str(reply.get("text") or ""), True
+    fallback = reply.get("default")
+    return (None if fallback is None else str(fallback)), False
 
 
 def _stop_waiting_on_term(_signum, _frame):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -22,7 +21,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from session_store._errors import BadInput, DiskFault
 
-from .emit import EmitError, check, publish
+from .emit import EmitError, check, max_event_bytes, publish, report_refusal
 
 # seconds between progress notifications while `ask` waits (tests shorten it)
 PROGRESS_EVERY = float(os.environ.get("RALPH_TEST_MCP_PROGRESS_EVERY") or 10.0)
@@ -35,19 +34,24 @@ INSTRUCTIONS = (
     "boundaries.")
 
 
-def build(session_dir: str) -> MCPServer:
-    workspace = os.path.dirname(os.path.dirname(session_dir))
-    session_id = os.path.basename(session_dir)
+def build(work_dir: str) -> MCPServer:
+    """The server of the session whose work area is `work_dir` (RALPH_SESSION_DIR): what
+    it sends goes through the outbox there, as the run's; what it reads, the store."""
+    workspace = os.path.dirname(os.path.dirname(work_dir))
+    session_id = os.path.basename(work_dir)
     server = MCPServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
     waits: set = set()   # the Waiting of each `ask` that waits now
 
     def publish_checked(topic: str, payload) -> str:
         try:
-            check(topic, payload, "payload")
-            record = publish(session_dir, topic, payload)
-        except (EmitError, BadInput, DiskFault) as e:
+            check(topic, payload, "payload", max_event_bytes(work_dir))
+            publish(work_dir, topic, payload)
+        except EmitError as e:
+            report_refusal(work_dir, f"mcp emit {str(topic)[:80]}", str(e))
             raise ToolError(str(e)) from None
-        return f"emitted {topic} (seq {record['seq']})"
+        except (BadInput, DiskFault) as e:
+            raise ToolError(str(e)) from None
+        return f"emitted {topic}"
 
     @server.tool(structured_output=False, description=(
         "Publish an event on the session's bus: your role's outcome, e.g. plan.ready with "
@@ -69,7 +73,7 @@ def build(session_dir: str) -> MCPServer:
                   default: str | None = None, timeout_seconds: float | None = None) -> str:
         import anyio
 
-        from .interact import Waiting, ask_and_wait   # the store's classes: when a question comes
+        from .interact import Waiting, ask_and_wait
         waiting = Waiting()
         waits.add(waiting)
         result: list = []
@@ -78,8 +82,8 @@ def build(session_dir: str) -> MCPServer:
         def wait() -> None:
             try:
                 result.append(ask_and_wait(question, timeout=timeout_seconds, default=default,
-                                           options=options or [], session_id=session_id,
-                                           workspace=workspace, waiting=waiting))
+                                           options=options or [], work_dir=work_dir,
+                                           waiting=waiting))
             except BaseException as e:   # noqa: BLE001 - handed to the async side
                 result.append(e)
             finally:
@@ -121,8 +125,8 @@ def build(session_dir: str) -> MCPServer:
     def signals_poll(role: str | None = None) -> str:
         from .signals import poll
         try:
-            return json.dumps(poll(session_dir, role or os.environ.get("RALPH_ROLE") or ""))
-        except BadInput as e:
+            return json.dumps(poll(work_dir, role or os.environ.get("RALPH_ROLE") or ""))
+        except (BadInput, DiskFault) as e:
             raise ToolError(str(e)) from None
 
     @server.tool(structured_output=False, description=(
@@ -171,17 +175,14 @@ def build(session_dir: str) -> MCPServer:
         deadline = time.monotonic() + 2
         while waits and time.monotonic() < deadline:
             time.sleep(0.01)
-        taking = sys.modules.get(f"{__package__}.signals")   # imported by a poll, if any
-        if taking is not None:
-            taking.TAKING.acquire(timeout=max(0.0, deadline - time.monotonic()))
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stop)
     return server
 
 
-def serve(session_dir: str) -> None:
-    if not os.path.isdir(session_dir):
-        raise BadInput(f"{session_dir}: no such session directory")
-    build(session_dir).run("stdio")
+def serve(work_dir: str) -> None:
+    if not os.path.isdir(work_dir):
+        raise BadInput(f"{work_dir}: no such session directory")
+    build(work_dir).run("stdio")
 

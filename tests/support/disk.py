@@ -7,11 +7,20 @@ from pathlib import Path
 
 import yaml
 
+from session_store import control_root
+
 
 def session_dirs(ws: Path) -> list[Path]:
-    root = ws / ".ralph-sessions"
+    """The control planes of the workspace's sessions (in the state directory)."""
+    root = Path(control_root(str(ws)))
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
         if root.exists() else []
+
+
+def work_dir(sd: Path) -> Path:
+    """The work area (in the workspace) of the session whose control plane is `sd`."""
+    ws = Path((Path(sd).parent.parent / "workspace").read_text().strip())
+    return ws / ".ralph-sessions" / Path(sd).name
 
 
 def only_session(ws: Path) -> Path:
@@ -61,7 +70,7 @@ def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
 def prompts(sd: Path, role: str, task: str | None = None, iteration: int = 1) -> list[str]:
     """The prompts `role` (on `task`) was given in `iteration`, in invocation order."""
     name = f"{role}-{task}" if task else role
-    logs = Path(sd) / "iterations" / str(iteration) / "logs"
+    logs = work_dir(sd) / "iterations" / str(iteration) / "logs"
     return [p.read_text() for p in sorted(logs.glob(f"*-{name}.prompt.md"))]
 
 

@@ -1,5 +1,5 @@
-"""The one in-process agent of the tests: it plays scripted steps (appending their events
-to the bus with the store, as `ralph emit` does) and records every invocation it got.
+"""The one in-process agent of the tests: it plays scripted steps (sending their events
+through the session's outbox, as `ralph emit` does) and records every invocation it got.
 
     agent = RecordingAgent([
         {"role": "planner", "emit": [("plan.ready", {"tasks": [{"id": "t1", "title": "T"}]})]},
@@ -33,7 +33,7 @@ from typing import Callable
 
 
 from engine.agents import Invocation, Outcome, RunReport
-from session_store import append_event
+from engine.tools.emit import publish
 
 from .scenarios import EVIDENCE, REVIEW_OK
 
@@ -102,12 +102,10 @@ class RecordingAgent:
                 f.write(text)
         if step.get("during"):
             step["during"](inv)
-        where = {"source": inv.role, "iteration": int(env["RALPH_ITERATION"]),
-                 "state": env["RALPH_STATE"]}
         for item in step.get("emit") or []:
             topic, payload = (item["topic"], item.get("payload")) if isinstance(item, dict) \
                 else item
-            append_event(env["RALPH_SESSION_DIR"], topic, payload, **where)
+            publish(env["RALPH_SESSION_DIR"], topic, payload, run=env["RALPH_RUN_ID"])
         stopped = should_stop() if should_stop is not None else None
         tokens = step.get("tokens", (0, 0))
         return Outcome(exit_code=None if stopped else step.get("exit_code", 0),

@@ -19,7 +19,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from ..procfs import proc_state
+from .procfs import proc_state
 
 RUN_MARK = "RALPH_RUN_ID"
 SESSION_MARK = "RALPH_SESSION_DIR"
@@ -195,3 +195,32 @@ def _send(pids, sig) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class AgentRun:
+    """The agent run a process is part of, as the marks of its nearest marked ancestor say."""
+
+    def __init__(self, run_id: str | None, session_dir: str | None):
+        self.supervisor = None
+        self.run_id = run_id
+        self.session_dir = session_dir
+
+    def __str__(self) -> str:
+        where = f" of the session in {self.session_dir}" if self.session_dir else ""
+        return f"agent run {self.run_id or '?'}{where}"
+
+
+def agent_run_of(pid: int | None = None) -> AgentRun | None:
+    """The agent run process `pid` (default: this one) is part of, or None."""
+    pid = os.getpid() if pid is None else pid
+    while pid > 1:
+        marks = _marks(pid)
+        if RUN_MARK.encode() in marks:
+            session = marks.get(SESSION_MARK.encode())
+            return AgentRun(marks[RUN_MARK.encode()].decode(errors="replace"),
+                            session.decode(errors="replace") if session else None)
+        state = proc_state(pid)
+        if state is None:
+            return None
+        pid = state[1]
+    return None

@@ -1,0 +1,86 @@
+"""The agents' side of a request that waits for the engine's reply (a question, a poll):
+a line in the session's outbox, then `inbox/<id>.json` in the work area, written by the
+engine. Stdlib and the outbox only: agents call it at every step boundary."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from session_store import RunOver, outbox
+
+from .emit import run_id
+
+ENGINE_CHECK_SECONDS = 5.0   # how often a wait makes sure an engine is there to reply
+
+
+class Waiting:
+    """A wait for a reply that another thread may end (the MCP server's: its call was
+    cancelled, or the server is stopping)."""
+
+    def __init__(self):
+        self.woken = threading.Event()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.woken.set()
+
+
+def request(work_dir: str, kind: str, fields: dict, *, waiting: Waiting | None = None,
+            patience: float | None = None) -> dict:
+    """Send a request of this run to the engine and wait for its reply. RunOver when the
+    engine will not take it (the run is over, no engine runs), refuses it, goes away, or
+    gives no reply within `patience` seconds; KeyboardInterrupt when `waiting` is
+    cancelled."""
+    rid = outbox.new_request_id()
+    waiting = waiting or Waiting()
+    watch = _watch(os.path.join(work_dir, outbox.INBOX), waiting.woken)
+    try:
+        why = outbox.post(work_dir, {"kind": kind, "id": rid, "run": run_id(), **fields})
+        if why:
+            raise RunOver(f"{kind} refused: {why}")
+        give_up = None if patience is None else time.monotonic() + patience
+        while True:
+            reply = outbox.read_reply(work_dir, rid)
+            if reply is not None:
+                if "refused" in reply:
+                    raise RunOver(f"{kind} refused: {reply['refused']}")
+                return reply
+            if waiting.cancelled:
+                raise KeyboardInterrupt
+            left = None if give_up is None else give_up - time.monotonic()
+            if left is not None and left <= 0:
+                raise RunOver(f"{kind}: the engine gave no reply in {patience:g} s")
+            if not outbox.engine_alive(work_dir):
+                raise RunOver(f"{kind}: no engine runs this session any more")
+            step = ENGINE_CHECK_SECONDS if watch is not None else 0.05
+            waiting.woken.wait(step if left is None else min(step, left))
+            waiting.woken.clear()
+    except KeyboardInterrupt:
+        if kind == "ask":   # the asker stopped waiting (its call was cancelled, its run
+            _forget(work_dir, rid)   # is being stopped): the question stays answerable
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def _forget(work_dir: str, request_id: str) -> None:
+    """Its answer goes to the next run of this unit of work."""
+    try:
+        outbox.post(work_dir, {"kind": "ask.gone", "id": request_id, "run": run_id()})
+    except OSError:
+        pass
+
+
+def _watch(inbox: str, woken: threading.Event):
+    """inotify on the inbox (a reply renamed in wakes the wait at once); None where it
+    cannot watch (the wait then looks every 50 ms)."""
+    from ..inotify import IN_LANDED, FileWatch
+    try:
+        watch = FileWatch(inbox, woken, IN_LANDED)
+    except OSError:
+        return None
+    watch.start()
+    return watch

@@ -1,0 +1,180 @@
+"""The engine's writes into a session's work area (`<workspace>/.ralph-sessions/<id>/`).
+
+Agents write there, and may plant a link anywhere in it: every path the engine writes is
+walked from the work area's own descriptor, one component at a time, never through a
+link, so nothing the engine writes there lands outside it (an agent that swaps the whole
+directory for a link only moves its own replies out of its sight). Nothing written here
+is read back to decide anything: these are the agents' inputs and the humans' views.
+Stdlib only.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from ._atomic import DIR_MODE, FILE_MODE, disk, durable_write_done, temp_name
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class WorkArea:
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = None
+
+    def _root(self) -> int:
+        if self._fd is None:
+            with disk(self.path):
+                _make_dir(self.path)
+                self._fd = os.open(self.path, _DIR)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def dir_fd(self, rel: str = "") -> int:
+        """A new descriptor of the directory `rel` (made when missing), reached without
+        following a link; the caller closes it."""
+        fd = os.dup(self._root())
+        for part in [p for p in rel.split("/") if p]:
+            try:
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                child = os.open(part, _DIR, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    os.close(fd)
+                    raise
+                # a link or a file planted where a directory belongs: set aside, made anew
+                _set_aside(fd, part)
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+                child = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return fd
+
+    def write(self, rel: str, data: str | bytes, kind: str = "work-area") -> str:
+        """Replace the file `rel` whole (temp file, rename; no fsync: a view or a reply,
+        rebuilt or asked again after a crash)."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        folder, name = os.path.split(rel)
+        path = os.path.join(self.path, rel)
+        with disk(path):
+            fd = self.dir_fd(folder)
+            try:
+                tmp = os.path.basename(temp_name(name))
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+                try:
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(out, view):]
+                    finally:
+                        os.close(out)
+                    os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                except BaseException:
+                    _unlink(fd, tmp)
+                    raise
+            finally:
+                os.close(fd)
+        durable_write_done(kind, path, durable=False)
+        return path
+
+    def read(self, rel: str) -> bytes | None:
+        folder, name = os.path.split(rel)
+        try:
+            fd = self.dir_fd(folder)
+        except OSError:
+            return None
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        with os.fdopen(f, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None
+            return file.read()
+
+    def clear(self, folder: str) -> None:
+        """Remove the files of `folder` (its subdirectories are left alone)."""
+        fd = self.dir_fd(folder)
+        try:
+            for entry in os.scandir(fd):
+                if not entry.is_dir(follow_symlinks=False):
+                    _unlink(fd, entry.name)
+        finally:
+            os.close(fd)
+
+
+def open_beneath(root: str, path: str) -> int:
+    """Open `path`, a file under the work area `root`, for writing from its start (private,
+    made when missing), every directory on the way walked from `root` without following
+    a link: an agent that swaps `logs/` for a link does not make the engine write there."""
+    rel = os.path.relpath(path, root)
+    if rel.startswith(".."):
+        raise ValueError(f"{path} is not under {root}")
+    folder, name = os.path.split(rel)
+    work = WorkArea(root)
+    try:
+        fd = work.dir_fd(folder)
+    finally:
+        work.close()
+    try:
+        with disk(path):
+            try:
+                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                               | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                    raise
+                _set_aside(fd, name)   # a link, a FIFO, a directory planted at the name
+                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                               FILE_MODE, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dir(path: str) -> None:
+    """The work area and `.ralph-sessions/` above it (the workspace is the user's), made
+    when missing; a link or a file in the place of either is set aside."""
+    parent = os.path.dirname(path)
+    os.makedirs(os.path.dirname(parent), DIR_MODE, exist_ok=True)   # the workspace
+    for level in (parent, path):
+        try:
+            st = os.lstat(level)
+        except FileNotFoundError:
+            os.mkdir(level, DIR_MODE)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            above, name = os.path.split(level)
+            fd = os.open(above, _DIR)
+            try:
+                _set_aside(fd, name)
+            finally:
+                os.close(fd)
+            os.mkdir(level, DIR_MODE)
+
+
+def _set_aside(dir_fd: int, name: str) -> None:
+    os.rename(name, f".{name}.planted-{os.urandom(3).hex()}", src_dir_fd=dir_fd,
+              dst_dir_fd=dir_fd)
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
