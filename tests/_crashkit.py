@@ -61,7 +61,7 @@ def scratch(tmp_path: Path, name: str) -> Path:
 
 
 def session_dir(ws: Path, sid: str) -> Path:
-    return ws / ".ralph-sessions" / sid
+    return session_dir(ws, sid)
 
 
 def read_trace(trace: Path, ws: Path, sid: str) -> list[Write]:

@@ -385,6 +385,6 @@ def test_second_engine_is_refused_and_a_killed_engines_lock_is_reclaimed(workspa
 
 
 def check_after_kill_at(ws: Path, session_id: str) -> None:
-    sd = ws / ".ralph-sessions" / session_id
+    sd = session_dir(ws, session_id)
     assert isinstance(yaml.safe_load((sd / "metadata.yaml").read_text()), dict)
     session_store.load(str(ws), session_id)

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
+from support import (session_dir, DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
                      progress_markers, prompts, question_files, ralph, spawn, wait_for,
                      write_config, write_scenario)
 from support import start as start_demo
@@ -126,7 +126,7 @@ def wait_question(sd, kind="fallback"):
 ])
 def test_trigger_asks_the_structured_question(workspace, report, config, issue, options):
     proc = start(workspace, [plan("t1"), reporting(report), *DONE], config)
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     q = wait_question(sd)
     for section in SECTIONS:
         assert section in q["text"], (section, q["text"])
@@ -150,7 +150,7 @@ def test_errors_trigger_error_recovery(workspace):
     proc = start(workspace, [plan("t1", "t2"),
                              {"role": "executor", "task": "t1", "emit": [
                                  {"topic": "build.done", "payload": "trust me"}]}, *DONE])
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     q = wait_question(sd)
     assert "**Issue**: Error Recovery" in q["text"] and "3 consecutive failures of executor t1" in q["text"]
     ralph(workspace, "session", "answer", "fb", fallback.CONTINUE)
@@ -166,7 +166,7 @@ def test_no_progress_triggers_guidance(workspace):
              *DONE]
     # t1 completes at once, then its review takes 1.5 s: no task completes meanwhile
     proc = start(workspace, steps, {"fallback": {"no_progress_minutes": 0.02}})
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     q = wait_question(sd)
     assert "**Issue**: Guidance" in q["text"] and "no task completed for" in q["text"]
     # a slow machine may go 1.2 s without progress again later: answer until it ends
@@ -180,7 +180,7 @@ def test_answer_above_autonomous_continue_goes_back_to_autonomous(workspace):
     proc = start(workspace, [{"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready",
                  "json": {"tasks": [{"id": "t1", "title": "A"}, {"id": "t2", "title": "B", "batch": 2}]}}]},
                  reporting({"task_clarity": 0.0, "solution_certainty": 0.8}), *DONE])
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     q = wait_question(sd)
     assert q["fallback_type"] == "clarification"
     ralph(workspace, "session", "answer", "fb", "It is a greeting CLI")
@@ -195,7 +195,7 @@ def test_answer_in_the_middle_band_stays_collaborative(workspace):
     proc = start(workspace, [{"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready",
                  "json": {"tasks": [{"id": "t1", "title": "A"}, {"id": "t2", "title": "B", "batch": 2}]}}]},
                  reporting({"task_clarity": 0.0, "solution_certainty": 0.0}), *DONE])
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     q = wait_question(sd)
     assert q["fallback_type"] == "guidance"
     ralph(workspace, "session", "answer", "fb", "Go with the CLI approach")
@@ -289,7 +289,7 @@ def test_priority_steer_interrupts_and_reruns_with_the_message(workspace):
              {"role": "executor", "task": "t1", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
              *DONE]
     proc = start(workspace, steps, {"fallback": {"enabled": False}})
-    sd = workspace / ".ralph-sessions/fb"
+    sd = session_dir(workspace, "fb")
     wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t1.stdout")), timeout=30)
     time.sleep(0.3)
     started = time.monotonic()

@@ -37,7 +37,7 @@ ASKS = [plan("t1"),
 
 def test_loop_block_answered_from_the_cli(workspace):
     proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 60}})
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     qid = pending_qid(sd)
     time.sleep(0.5)
     # while it waits, no agent runs: only the one executor attempt so far
@@ -143,7 +143,7 @@ def test_timeout_abort(workspace):
 
 def test_kill_during_block_resumes_into_the_same_block(workspace):
     proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 120}})
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     qid = pending_qid(sd)
     deadline = question_files(sd)[0]["deadline"]
     time.sleep(0.3)
@@ -162,7 +162,7 @@ def test_kill_during_block_resumes_into_the_same_block(workspace):
 
 def test_deadline_passing_while_down_is_applied_once(workspace):
     proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 2, "on_timeout": "continue"}})
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     pending_qid(sd)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
@@ -178,7 +178,7 @@ def test_deadline_passing_while_down_is_applied_once(workspace):
 
 def test_sigint_during_block_leaves_the_question_pending(workspace):
     proc = start(workspace, ASKS, {"RObot": {"timeout_seconds": 120}})
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     qid = pending_qid(sd)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
@@ -198,7 +198,7 @@ def test_late_answer_reaches_the_next_prompt_as_guidance(workspace):
               "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
              *DONE]
     proc = start(workspace, steps, {"RObot": {"timeout_seconds": 1}})
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t2.stdout")), timeout=30)
     qid = question_files(sd)[0]["id"]
     assert question_files(sd)[0]["status"] == "timed_out"
@@ -221,7 +221,7 @@ def test_in_run_ask_answered_and_timed_out(workspace):
               "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
              *DONE]
     proc = start(workspace, steps)
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     qid = pending_qid(sd)
     assert question_files(sd)[0]["kind"] == "in_run"
     assert ralph(workspace, "session", "answer", "h", "Ada").returncode == 0
@@ -259,7 +259,7 @@ def test_guidance_is_squashed_numbered_and_recorded(workspace):
                  {"topic": "build.done", "payload": EVIDENCE}]},
              *DONE]
     proc = start(workspace, steps)
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t1.stdout")))
     for message in ("use tabs", "target Python 3.11"):
         assert ralph(workspace, "signal", "info", message, "--session", "h").returncode == 0

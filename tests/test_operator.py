@@ -9,7 +9,7 @@ import time
 
 import yaml
 
-from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, plan, prompts, ralph, spawn,
+from support import (session_dir, DONE, EVIDENCE, FAST, base_env, events, metadata, plan, prompts, ralph, spawn,
                      wait_for, write_config)
 from support import demo_config as demo   # a scenario and a ralph.yml playing it
 
@@ -23,7 +23,7 @@ def kill_engine_mid_run(workspace, sid: str, role_log: str):
     """Start, wait until `role_log` runs, SIGKILL the engine (its agent dies with it)."""
     proc = spawn(workspace, "session", "start", "operator objective", "--id", sid,
                  env=base_env())
-    sd = workspace / ".ralph-sessions" / sid
+    sd = session_dir(workspace, sid)
     wait_for(lambda: list(sd.glob(f"iterations/*/logs/*-{role_log}.stdout")))
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -64,7 +64,7 @@ def test_the_pause_message_reaches_the_resumed_run(workspace):
                      *DONE])
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "p6",
                  env=base_env())
-    sd = workspace / ".ralph-sessions/p6"
+    sd = session_dir(workspace, "p6")
     wait_for(lambda: prompts(sd, "executor", "t1"))
     assert ralph(workspace, "signal", "pause", "use the staging database from now on",
                  "--session", "p6").returncode == 0
@@ -93,7 +93,7 @@ def test_failures_before_a_pause_raise_no_question_after_resume(workspace):
     r = ralph(workspace, "session", "start", "operator objective", "--id", "f2",
               env=base_env(**FAST))
     assert r.returncode == 3 and "no plan" in r.stdout, r.stdout + r.stderr
-    sd = workspace / ".ralph-sessions/f2"
+    sd = session_dir(workspace, "f2")
     asked_before = len(fallback_questions(sd))   # while it failed, it may ask: that is right
     r = ralph(workspace, "session", "resume", "f2", env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -110,7 +110,7 @@ def test_a_librarian_that_stages_nothing_is_no_error(workspace):
     r = ralph(workspace, "session", "start", "operator objective", "--id", "f2l",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
-    sd = workspace / ".ralph-sessions/f2l"
+    sd = session_dir(workspace, "f2l")
     assert not fallback_questions(sd), [q["text"] for q in fallback_questions(sd)]
 
 
@@ -124,7 +124,7 @@ def test_a_failure_of_another_unit_does_not_add_up(workspace):
     r = ralph(workspace, "session", "start", "operator objective", "--id", "f2u",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert not fallback_questions(workspace / ".ralph-sessions/f2u")
+    assert not fallback_questions(session_dir(workspace, "f2u"))
 
 
 def test_an_error_question_shows_a_confidence_that_agrees_with_it(workspace):
@@ -133,7 +133,7 @@ def test_an_error_question_shows_a_confidence_that_agrees_with_it(workspace):
          {"RObot": {"timeout_seconds": 120}})
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "f2c",
                  env=base_env(**FAST))
-    sd = workspace / ".ralph-sessions/f2c"
+    sd = session_dir(workspace, "f2c")
     q = wait_for(lambda: next(iter(fallback_questions(sd)), None) if sd.exists() else None)
     assert "3 consecutive failures of executor t1" in q["text"], q["text"]
     shown = float(q["text"].split("**Confidence Level**: ")[1].split("%")[0]) / 100
@@ -174,7 +174,7 @@ def test_an_answer_given_while_paused_reaches_the_next_run_of_the_asker(workspac
     demo(workspace, ASKING)
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "a1",
                  env=base_env())
-    sd = workspace / ".ralph-sessions/a1"
+    sd = session_dir(workspace, "a1")
     qid = in_run_question(sd)
     assert ralph(workspace, "signal", "pause", "", "--session", "a1").returncode == 0
     assert proc.wait(timeout=30) == 3
@@ -194,7 +194,7 @@ def test_an_answer_after_the_engine_died_reaches_the_next_run_of_the_asker(works
     demo(workspace, ASKING)
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "a1k",
                  env=base_env())
-    sd = workspace / ".ralph-sessions/a1k"
+    sd = session_dir(workspace, "a1k")
     qid = in_run_question(sd)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -211,7 +211,7 @@ def test_answer_says_what_happens_to_a_waiting_agents_question(workspace):
     demo(workspace, ASKING)
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "a1w",
                  env=base_env())
-    sd = workspace / ".ralph-sessions/a1w"
+    sd = session_dir(workspace, "a1w")
     in_run_question(sd)
     r = ralph(workspace, "session", "answer", "a1w", "7070")
     assert r.returncode == 0 and "the waiting executor t1 gets it now" in r.stdout, r.stdout
@@ -227,7 +227,7 @@ def test_the_questioner_asks_before_planning_and_the_planner_gets_the_answer(wor
                      plan("t1"), *DONE], {"roles": {"questioner": {"enabled": True}}})
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "q7",
                  env=base_env(**FAST))
-    sd = workspace / ".ralph-sessions/q7"
+    sd = session_dir(workspace, "q7")
     in_run_question(sd)
     assert not prompts(sd, "planner"), "the planner ran before the questioner's answer"
     assert ralph(workspace, "session", "answer", "q7", "Rust").returncode == 0
@@ -243,7 +243,7 @@ def test_the_questioner_is_off_by_default(workspace):
     r = ralph(workspace, "session", "start", "operator objective", "--id", "q7o",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stderr
-    assert not list((workspace / ".ralph-sessions/q7o").glob("iterations/*/logs/*questioner*"))
+    assert not list((session_dir(workspace, "q7o")).glob("iterations/*/logs/*questioner*"))
 
 
 def test_only_the_questioner_can_be_switched_off(workspace):
@@ -287,7 +287,7 @@ def test_an_in_run_question_is_shown_in_full_while_its_agent_waits(workspace):
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "c10",
                  env=base_env(**FAST))
     out = Lines(proc)
-    sd = workspace / ".ralph-sessions/c10"
+    sd = session_dir(workspace, "c10")
     qid = in_run_question(sd)
     shown = out.wait_for(f"--question {qid}")
     assert "Which port?" in shown and "The spec names two." in shown
@@ -321,7 +321,7 @@ def test_resuming_into_a_pending_question_says_what_it_waits_for(workspace):
          {"RObot": {"timeout_seconds": 120}})
     proc = spawn(workspace, "session", "start", "operator objective", "--id", "c10r",
                  env=base_env(**FAST))
-    sd = workspace / ".ralph-sessions/c10r"
+    sd = session_dir(workspace, "c10r")
     wait_for(lambda: metadata(sd)["pending_question"] if sd.exists() else None)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130

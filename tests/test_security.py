@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import (EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
+from support import (session_dir, EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
                      write_scenario)
 from fake_telegram import FakeTelegram
 
@@ -95,7 +95,7 @@ def test_every_path_a_session_creates_is_private(workspace):
     with umask(0):
         proc = spawn(ws, "session", "start", "modes objective", "--id", "m",
                      env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-        sd = ws / ".ralph-sessions/m"
+        sd = session_dir(ws, "m")
         qid = pending_question(sd, "Which database?")
         r = ralph(ws, "signal", "info", "a note for the next prompt", "--session", "m")
         assert r.returncode == 0, r.stderr
@@ -143,7 +143,7 @@ def test_the_token_is_never_written_and_strangers_change_nothing(workspace, tmp_
                        no_proxy="127.0.0.1,localhost")
         with umask(0):
             proc = spawn(ws, "session", "start", "telegram objective", "--id", "t", env=env)
-        sd = ws / ".ralph-sessions/t"
+        sd = session_dir(ws, "t")
         question = fake.wait_message(lambda m: "Which database?" in m.get("text", ""), timeout=60)
         qid = pending_question(sd, "Which database?")
         pad, guidance = (sd / "scratchpad.md").read_bytes(), (sd / "guidance.yaml").exists()
@@ -214,7 +214,7 @@ def paused(workspace) -> Path:
     r = ralph(workspace, "session", "start", "demo objective", "--id", "p", "--max-iterations",
               "1", env=base_env(**FAST))
     assert r.returncode == 5, r.stdout + r.stderr
-    return workspace / ".ralph-sessions/p"
+    return session_dir(workspace, "p")
 
 
 def test_a_symlinked_lock_is_refused_and_its_target_untouched(workspace, paused, tmp_path):
@@ -286,7 +286,7 @@ def test_a_planted_answer_is_refused(workspace, tmp_path, plant):
     write_config(ws, {"agent": {"backend": "demo", "script": str(scenario)},
                       "fallback": {"enabled": False}})
     proc = spawn(ws, "session", "start", "objective", "--id", "a", env=base_env(**FAST))
-    sd = ws / ".ralph-sessions/a"
+    sd = session_dir(ws, "a")
     qid = pending_question(sd, "Which database?")
     doc = {"question": qid, "text": "SECRET planted answer",
            "answered_at": datetime.now(timezone.utc).isoformat(), "channel": "cli"}

@@ -49,7 +49,7 @@ def test_demo_session_end_to_end(workspace):
                  "iterations/1/knowledge/promoted.yaml"):
         assert (sd / name).exists(), name
     # the work area, in the workspace: the agents' side
-    work = workspace / ".ralph-sessions" / sd.name
+    work = session_dir(workspace, sd.name)
     assert work_dir(sd) == work
     for name in ("scratchpad.md", "outbox.jsonl", "iterations/1/logs", "iterations/1/knowledge"):
         assert (work / name).exists(), name
@@ -272,7 +272,7 @@ def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
     for signum, code, sid in ((sig.SIGINT, 130, "int"), (sig.SIGTERM, 143, "term")):
         proc = spawn(workspace, "session", "start", "obj", "--id", sid)
-        sd = workspace / ".ralph-sessions" / sid
+        sd = session_dir(workspace, sid)
         wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-slow.stdout")))
         time.sleep(0.3)
         proc.send_signal(signum)
@@ -306,7 +306,7 @@ def test_the_workspace_holds_the_config(tmp_path):
     r = ralph(here, "--workspace", ws, "session", "start", "obj", "--id", "w1",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert progress_markers(ws / ".ralph-sessions/w1") == {"1": {"only_in_w": "x"}}
+    assert progress_markers(session_dir(ws, "w1")) == {"1": {"only_in_w": "x"}}
     assert not (here / ".ralph-sessions").exists()
     write_config(here, {"event_loop": {"max_iterations": "x"}}, name="mine.yml")
     r = ralph(here, "--workspace", ws, "validate", "-c", "mine.yml")
@@ -385,7 +385,7 @@ def test_resume_and_answer_default_to_the_only_open_session(workspace):
                              "RObot": {"timeout_seconds": 600}})
     from support import spawn, wait_for
     proc = spawn(workspace, "session", "start", "obj", "--id", "only")
-    sd = workspace / ".ralph-sessions/only"
+    sd = session_dir(workspace, "only")
     wait_for(lambda: list(sd.glob("questions/*.yaml")))
     assert ralph(workspace, "signal", "pause", "later").returncode == 0
     assert proc.wait(30) == 3
@@ -410,7 +410,7 @@ def test_emit_takes_the_session_flag_its_error_names(workspace):
                  ["--workspace", workspace, "emit", "note3", "--session", "e2"]):
         r = ralph(workspace, *args)
         assert r.returncode == 0, (args, r.stderr)
-    last = [(e["topic"], e["payload"]) for e in events(workspace / ".ralph-sessions/e2")][-3:]
+    last = [(e["topic"], e["payload"]) for e in events(session_dir(workspace, "e2"))][-3:]
     assert last == [("note", "hello"), ("note2", {"a": 1}), ("note3", None)]
     r = ralph(workspace, "emit", "note", "--session", "nope")
     assert r.returncode == 2 and "unknown session" in r.stderr

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from _crashkit import cached_bytecode, scratch
-from support import (EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, write_config,
+from support import (session_dir, EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, write_config,
                      write_scenario)
 from session_store import questions
 
@@ -73,7 +73,7 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
     root = scratch(tmp_path, "soak")
     ws = root / "ws"
     ws.mkdir()
-    sd = ws / ".ralph-sessions" / SID
+    sd = session_dir(ws, SID)
     script = write_scenario(ws, scenario())
     write_config(ws, {"agent": {"backend": "demo", "script": str(script)},
                       "event_loop": {"max_iterations": ITERATIONS + 10,

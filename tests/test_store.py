@@ -21,7 +21,7 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 def test_create_lays_out_the_session(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
-    control, work = Path(s.dir), workspace / ".ralph-sessions/s1"
+    control, work = Path(s.dir), session_dir(workspace, "s1")
     assert not control.is_relative_to(workspace)   # the control plane: out of agents' reach
     for sub in ("signals/inputs", "signals/processed", "signals/rejected", "questions",
                 "answers", "iterations/1/tasks", "iterations/1/knowledge"):

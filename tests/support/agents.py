@@ -81,7 +81,7 @@ class Rig:
                               capture_output=True, text=True, timeout=60)
 
     def session_dir(self, sid: str = "real") -> Path:
-        return self.ws / ".ralph-sessions" / sid
+        return session_dir(self.ws, sid)
 
 
 def processes_marked(session_dir: Path) -> list[tuple[int, str]]:

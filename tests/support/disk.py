@@ -17,6 +17,11 @@ def session_dirs(ws: Path) -> list[Path]:
         if root.exists() else []
 
 
+def session_dir(ws: Path, sid: str) -> Path:
+    """The control plane of session `sid` of workspace `ws` (in the state directory)."""
+    return Path(control_root(str(ws))) / sid
+
+
 def work_dir(sd: Path) -> Path:
     """The work area (in the workspace) of the session whose control plane is `sd`."""
     ws = Path((Path(sd).parent.parent / "workspace").read_text().strip())
