@@ -30,15 +30,10 @@ from .agents import Invocation, McpServer, Outcome, containment, preset_for, ral
 from .agents.presets import reported_usd
 from .inlet import Inlet, RunInfo
 from .mailbox import Mailbox, Mode, Rerun
+from .secrets import secret
 from .tracker import Tracker
 
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
-_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "STORE_URL")
-
-
-def secret(name: str) -> bool:
-    """A variable of ralph's own that no agent gets (nor a file an agent can read)."""
-    return name.startswith("RALPH_") and any(word in name for word in _SECRET_WORDS)
 
 
 @dataclass(slots=True)

@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ralph: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)
         return EXIT_BAD_INPUT
     import signal
+
+    from ..secrets import hide_from_proc
     from .parser import build_parser
+    hide_from_proc()   # the tokens this command holds: not in /proc/<pid>/environ
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
