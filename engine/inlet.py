@@ -124,6 +124,10 @@ class Inlet:
             self._refuse(line, request, f"{kind} comes from agent runs only (RALPH_RUN_ID)")
         elif kind == "poll":   # no record of its own: a crash before the next one, and it
             # is refused on the next start, as its run is then over
+            role = request.get("role")
+            if role not in (None, run.role):   # a run speaks as its own role only
+                return self._refuse(line, request, f"a poll of the {run.role}'s run takes "
+                                    f"the {run.role}'s signals, not the {_short(role)}'s")
             self.reply(str(request.get("id")), self._on_poll(run.role))
         elif kind == "ask":
             refused = self._on_ask(request, run, line.via)

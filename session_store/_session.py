@@ -254,6 +254,7 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
     session = Session(workspace, session_id, meta)
     session.dir = staging
     try:
+        session.work.start_fresh()
         session.work.write(SCRATCHPAD_FILE, "# Scratchpad\n", "scratchpad")
         if config_snapshot is not None:
             write_atomic(os.path.join(staging, CONFIG_SNAPSHOT), config_snapshot,

@@ -30,6 +30,19 @@ class WorkArea:
                 self._fd = os.open(self.path, _DIR)
         return self._fd
 
+    def start_fresh(self) -> None:
+        """A new session's work area: whatever is at its place (left by an earlier session
+        of that id, or planted by an agent for a session to come) is set aside first."""
+        parent, name = os.path.split(self.path)
+        if os.path.lexists(self.path):
+            fd = os.open(parent, _DIR)
+            try:
+                _set_aside(fd, name)
+            finally:
+                os.close(fd)
+        self.close()
+        self._root()
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -203,7 +203,8 @@ def poll_when_empty(argv: list[str]) -> int | None:
     from session_store import ROLES, signals
     try:
         argv, session_id = take_session(argv)
-        as_json, role, it = False, os.environ.get("RALPH_ROLE") or "", iter(argv)
+        own = os.environ.get("RALPH_ROLE") or ""
+        as_json, role, it = False, own, iter(argv)
         for arg in it:
             if arg == "--json":
                 as_json = True
@@ -211,6 +212,8 @@ def poll_when_empty(argv: list[str]) -> int | None:
                 role = next(it, "")
             else:
                 return None   # anything else: the CLI says what is wrong
+        if role.lower() != own.lower():
+            return None   # the engine refuses a poll as another role
         control = os.environ.get("RALPH_CONTROL_DIR")
         if role.lower() not in ROLES or session_id or not control:
             return None
