@@ -42,10 +42,11 @@ SESSION = "web-latency"
 class Feed:
     """An SSE client in a thread: (arrival time, event, data) of every message, in order."""
 
-    def __init__(self, port: int, path: str):
+    def __init__(self, port: int, token: str, path: str):
         self.messages: queue.Queue = queue.Queue()
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        self.conn.request("GET", path, headers={"Accept": "text/event-stream"})
+        self.conn.request("GET", path, headers={"Accept": "text/event-stream",
+                                                "X-Ralph-Token": token})
         self.response = self.conn.getresponse()
         if self.response.status != 200:
             raise RuntimeError(f"web bench: the stream answered {self.response.status}")
@@ -116,15 +117,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _serve(argv: list[str], workspace: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(argv, cwd=workspace, env=session_env(), stdout=subprocess.PIPE,
+def _serve(argv: list[str], workspace: str) -> tuple[subprocess.Popen, int, str]:
+    env = {k: v for k, v in session_env().items() if k != "RALPH_WEB_TOKEN"}   # it makes one
+    proc = subprocess.Popen(argv, cwd=workspace, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
-    found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/#token=(\S+)", line)
     if not found:
         stop_process(proc)
         raise RuntimeError(f"web bench: the server did not start: {line!r} {proc.stderr.read()}")
-    return proc, int(found.group(1))
+    return proc, int(found.group(1)), found.group(2)
 
 
 def bench(base: str, server_argv, count: int, warmup: int, idle: float = 0) -> dict:
@@ -134,9 +136,9 @@ def bench(base: str, server_argv, count: int, warmup: int, idle: float = 0) -> d
     try:
         session = session_store.create(workspace, "bench: web latency", now=now(),
                                        session_id=SESSION)
-        proc, port = _serve(server_argv(workspace), workspace)
+        proc, port, token = _serve(server_argv(workspace), workspace)
         try:
-            feed = Feed(port, f"/api/sessions/{SESSION}/stream")
+            feed = Feed(port, token, f"/api/sessions/{SESSION}/stream")
             feed.until(lambda e, d: e == "snapshot")
             latencies = measure(session.dir, feed, count, warmup)
             idle_cpu = None

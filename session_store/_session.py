@@ -13,7 +13,7 @@ from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_
 from ._work import WorkArea
 from ._convert import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
-from ._events import append_event, complete_size, last_event, read_events
+from ._events import append_event, backwards, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import Limits, SessionMetadata
 from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
@@ -100,6 +100,11 @@ class Session:
     def last_event(self, match) -> dict | None:
         """The newest record for which `match(record)` holds, read from the end back."""
         return last_event(self.dir, match)
+
+    def events_backwards(self):
+        """The records, newest first, read from the end back as they are taken (a reader
+        that stops early reads no further)."""
+        return backwards(self.dir)
 
     # --- notes ---
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from _web import SID, ask, client, now, store_session
-from support import (EVIDENCE, FAST, base_env, metadata, ralph, wait_for, write_config,
+from _web import SID, ask, client, now, peak_rss, store_session
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, signal_files, wait_for,
+                     write_config,
                      write_scenario)
 
 WEB_TOKEN = "web-token-0123456789abcdef"
@@ -58,15 +60,16 @@ def test_with_a_token_every_api_request_needs_it(workspace, web):
     server = web("--host", "0.0.0.0", env=base_env(RALPH_WEB_TOKEN=WEB_TOKEN))
     assert WEB_TOKEN not in server.first_line
     server.url = f"http://127.0.0.1:{server.port}"
-    with client(server) as anon, client(server, "wrong-token-0123456789") as wrong, \
-            client(server, WEB_TOKEN) as good:
+    assert server.token == WEB_TOKEN
+    with client(server, "") as anon, client(server, "wrong-token-0123456789") as wrong, \
+            client(server) as good:
         page = anon.get("/")
         assert page.status_code == 200 and WEB_TOKEN not in page.text   # no data in it
         for c in (anon, wrong):
-            assert c.get("/api/sessions").status_code == 403
-            assert c.get(f"/api/sessions/{SID}/stream").status_code == 403
+            assert c.get("/api/sessions").status_code == 401
+            assert c.get(f"/api/sessions/{SID}/stream").status_code == 401
             assert c.post(f"/api/sessions/{SID}/signals",
-                          json={"type": "info", "message": "x"}).status_code == 403
+                          json={"type": "info", "message": "x"}).status_code == 401
         assert [v["session_id"] for v in good.get("/api/sessions").json()] == [SID]
         other = good.post(f"/api/sessions/{SID}/signals", json={"type": "info", "message": "x"},
                           headers={"Origin": "http://evil.example"})
@@ -82,7 +85,8 @@ def test_on_loopback_a_change_needs_this_pages_origin_and_host(workspace, web):
     server = web()
     inputs = workspace / ".ralph-sessions" / SID / "signals/inputs"
     url = f"/api/sessions/{SID}/signals"
-    with httpx.Client(base_url=server.url, trust_env=False, timeout=30) as c:
+    with httpx.Client(base_url=server.url, headers={"X-Ralph-Token": server.token},
+                      trust_env=False, timeout=30) as c:   # the token, and no Origin
         body = {"type": "pause", "message": "stop"}
         assert c.post(url, json=body).status_code == 403                       # no Origin
         assert c.post(url, json=body, headers={"Origin": "http://evil.example"}).status_code == 403
@@ -145,7 +149,7 @@ def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, 
                 "/static/..%2f..%2fsecurity.py", "/static/../app.py", "/static/index.html"]
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         for path in gets:
-            conn.request("GET", path, headers={"Host": server.host})
+            conn.request("GET", path, headers={"Host": server.host, "X-Ralph-Token": server.token})
             r = conn.getresponse()
             body = r.read().decode(errors="replace")
             assert r.status == 404, (path, r.status, body)
@@ -154,7 +158,8 @@ def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, 
                      "/api/sessions/evil/signals", "/api/sessions/..%2fevil/resume"):
             conn.request("POST", path, body=json.dumps({"text": "x", "type": "info"}),
                          headers={"Host": server.host, "Origin": server.url,
-                                  "Content-Type": "application/json"})
+                                  "Content-Type": "application/json",
+                                  "X-Ralph-Token": server.token})
             r = conn.getresponse()
             assert r.status == 404, (path, r.status, r.read())
             r.read()
@@ -245,6 +250,61 @@ def test_answers_from_the_page_follow_the_cli_rules(workspace, web):
     from session_store import questions
     assert questions.read_answer(session.dir, first).text == "postgres"
     assert questions.read_answer(session.dir, first).channel == "web"
+
+
+def _post_chunked(server, path: str, total: int) -> tuple[int, bytes]:
+    """POST `total` bytes with no length (chunked), as fast as the server takes them, until
+    it answers or closes; (bytes sent, its reply)."""
+    piece = b" " * (64 << 10)
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    sent, reply = 0, b""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {server.host}\r\nOrigin: {server.url}\r\n"
+                     f"X-Ralph-Token: {server.token}\r\nContent-Type: application/json\r\n"
+                     f"Transfer-Encoding: chunked\r\n\r\n".encode())
+        try:
+            while sent < total and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(chunk)
+                sent += len(piece)
+            if sent >= total:
+                sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass   # closed on the rest of the body
+        try:
+            while data := sock.recv(1 << 16):
+                reply += data
+        except ConnectionResetError:   # what had arrived is read first
+            pass
+    return sent, reply
+
+
+def test_a_body_past_the_limit_is_refused_as_it_streams(workspace, web):
+    """A chunked POST of 300 MB has no length to be refused by: it is cut off where it
+    passes 1 MiB (413, the connection closed on the rest), and the server's peak memory
+    does not grow by the body."""
+    session = store_session(workspace)
+    server = web()
+    path, total = f"/api/sessions/{SID}/signals", 300 << 20
+    before = peak_rss(server.proc.pid)
+    sent, reply = _post_chunked(server, path, total)
+    grew = peak_rss(server.proc.pid) - before
+    assert sent < total // 2, sent                 # the rest was never taken
+    assert grew < 32 << 20, f"the server's peak RSS grew by {grew >> 20} MiB"
+    assert reply.startswith(b"HTTP/1.1 413 "), reply[:300]
+    assert b"a request body has at most 1048576 bytes" in reply
+    assert b"connection: close" in reply.lower()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.putrequest("POST", path, skip_host=True)   # a length past the limit, and no body:
+    for name, value in (("Host", server.host), ("Origin", server.url),   # refused at once
+                        ("X-Ralph-Token", server.token), ("Content-Type", "application/json"),
+                        ("Content-Length", str(total))):
+        conn.putheader(name, value)
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    conn.close()
+    with client(server) as c:
+        assert c.post(path, json={"type": "info", "message": "x" * 60000}).status_code == 200
+    assert len(signal_files(session.dir, "inputs")) == 1
 
 
 def test_signals_from_the_page_are_checked_like_the_cli(workspace, web):

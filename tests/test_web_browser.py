@@ -1,6 +1,7 @@
 """Issue 17 in a real browser: headless Chromium (Debian's package, driven by Playwright)
-against a real `ralph web` and a real session on the demo agent. The list shows the
-session as it starts; the diagram highlights the state it is in; a question appears
+against a real `ralph web` and a real session on the demo agent. The page opens from the
+URL the server printed, which carries its token (issue 21; without it, the page says so
+and shows nothing); the list shows the session as it starts; the diagram highlights the state it is in; a question appears
 within a second of being asked and is answered from the page (a stale tab that answers
 late hears "already answered"); the event stream grows live; the pause button pauses it;
 the resume form resumes it with a message and a raised limit until it completes.
@@ -90,8 +91,18 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(server.url + "/")
+        # without the token: the page says how to open it, and the API gave it nothing
+        anonymous = browser.new_page()
+        refused = []
+        anonymous.on("response", lambda r: refused.append(r.status) if "/api/" in r.url else None)
+        anonymous.goto(f"{server.url}/s/{SID}")
+        anonymous.locator("#no-token", has_text="open the URL `ralph web` printed").wait_for()
+        assert refused == [] and anonymous.locator("article.question").count() == 0
+        anonymous.close()
+
+        page.goto(server.page())   # the URL the server printed: its token in the fragment
         page.get_by_text("No session in this workspace yet").wait_for()
+        assert "#token=" not in page.url   # taken out of the address bar (and its history)
 
         # the list shows the session as soon as it exists: no reload
         engine = spawn(workspace, "session", "start", "Build a small web service", "--id", SID,
@@ -150,7 +161,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
 
         # the list: paused sessions first, with why
         listing = browser.new_page(viewport={"width": 1280, "height": 500})
-        listing.goto(server.url + "/")
+        listing.goto(server.page())
         listed = listing.locator(f'tr[data-session="{SID}"]')
         listed.wait_for()
         assert "paused" in listed.text_content() and "lunch break" in listed.text_content()
@@ -159,7 +170,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         # a tab whose live feed is cut still shows the question; it answers second
         stale = browser.new_page(viewport={"width": 1280, "height": 900})
         stale.route("**/stream", lambda route: route.abort())
-        stale.goto(f"{server.url}/s/{SID}")
+        stale.goto(server.page(f"/s/{SID}"))
         stale_card = stale.locator("article.question", has_text="feature flag")
         stale_card.wait_for()
         second.locator("input.answer-text").fill("yes, behind a flag")

@@ -1,17 +1,20 @@
 """Issue 17, `ralph web`'s live feed: each page's server-sent-event stream follows the
 files of the sessions as they change (a signal dropped, an event appended, a question
-asked, a session created), and the server stops at once with streams open."""
+asked, a session created), and the server stops at once with streams open. Issue 21: the
+streams are bounded in number (one past --max-streams is refused) and in what a slow
+reader makes the server hold."""
 from __future__ import annotations
 
 import json
 import queue
+import socket
 import subprocess
 import threading
 
 import httpx
 
-from _web import SID, WebServer, ask, client, now, store_session
-from support import RALPH, base_env
+from _web import SID, WebServer, ask, client, now, peak_rss, store_session
+from support import RALPH, base_env, ralph, wait_for
 
 
 class Stream:
@@ -19,6 +22,7 @@ class Stream:
 
     def __init__(self, server: WebServer, path: str):
         self.messages: queue.Queue = queue.Queue()
+        self.opened = threading.Event()
         self.client = client(server)
         self.thread = threading.Thread(target=self._read, args=(path,), daemon=True)
         self.thread.start()
@@ -26,6 +30,8 @@ class Stream:
     def _read(self, path):
         try:
             with self.client.stream("GET", path, timeout=None) as r:
+                self.socket = r.extensions["network_stream"].get_extra_info("socket")
+                self.opened.set()
                 block = ""
                 for line in r.iter_lines():
                     if line:
@@ -49,6 +55,12 @@ class Stream:
             event, data = self.messages.get(timeout=left)
             if predicate(event, data):
                 return data
+
+    def close(self) -> None:
+        """Hang up, as a closed tab does (a shutdown wakes the reader's blocked read)."""
+        assert self.opened.wait(20)
+        self.socket.shutdown(socket.SHUT_RDWR)
+        self.thread.join(20)
 
 
 def test_the_live_feed_follows_file_changes(workspace, web):
@@ -81,3 +93,79 @@ def test_a_workspace_without_sessions_yet_is_followed_from_its_first(workspace, 
     everything.wait(lambda e, d: e == "sessions" and d == [])
     store_session(workspace)
     everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID])
+
+
+def test_live_streams_are_bounded_in_number(workspace, web):
+    store_session(workspace)
+    r = ralph(workspace, "web", "--max-streams", "0")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    server = web("--max-streams", "2")
+    listing = Stream(server, "/api/stream")
+    one = Stream(server, f"/api/sessions/{SID}/stream")
+    listing.wait(lambda e, d: e == "sessions")
+    one.wait(lambda e, d: e == "snapshot")
+    with client(server) as c:
+        for path in ("/api/stream", f"/api/sessions/{SID}/stream"):
+            with c.stream("GET", path) as extra:
+                assert extra.status_code == 503
+                assert extra.headers["retry-after"] == "10"
+                assert json.loads(extra.read()) == {"error": (
+                    "refused: 2 live streams are open, the most this server keeps "
+                    "(ralph web --max-streams)")}
+        assert c.get(f"/api/sessions/{SID}").status_code == 200   # the rest still answers
+        listing.close()   # a page closed: its stream is free again
+
+        def reopened() -> bool:
+            with c.stream("GET", "/api/stream") as again:
+                return again.status_code == 200
+        wait_for(reopened)
+
+
+class SlowReader:
+    """A stream whose reader reads nothing (a tiny receive buffer), until `drain`."""
+
+    def __init__(self, server: WebServer, path: str):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(60)
+        self.sock.connect(("127.0.0.1", server.port))
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {server.host}\r\n"
+                          f"X-Ralph-Token: {server.token}\r\n\r\n".encode())
+        self.sock.recv(1, socket.MSG_PEEK)   # the stream is open: the server has answered
+
+    def drain(self, until: bytes) -> bytes:
+        """Everything the server sends, up to the message holding `until`."""
+        got = bytearray()
+        while until not in got[-(1 << 20):]:
+            data = self.sock.recv(1 << 16)
+            assert data, "the server closed the stream"
+            got += data
+        self.sock.close()
+        return bytes(got)
+
+
+def test_a_slow_reader_holds_back_its_own_stream_not_the_servers_memory(workspace, web):
+    """Two pages that read nothing while 48 MiB are appended to the bus (3,072 events of
+    16 KiB, straight through the store, as an agent with the bus in reach could): the
+    server's peak memory grows by little, and each page, when it reads at last, is sent
+    the events cut to a few kB, the newest of them, and told of the ones it missed."""
+    from session_store import append_event
+    session = store_session(workspace)
+    server = web()
+    path = f"/api/sessions/{SID}/stream"
+    slow = [SlowReader(server, path) for _ in range(2)]
+    fast = Stream(server, path)
+    fast.wait(lambda e, d: e == "snapshot")
+    before = peak_rss(server.proc.pid)
+    payload = "x" * (16 << 10)
+    for _ in range(3072):
+        append_event(session.dir, "agent.output", payload, source="executor")
+    append_event(session.dir, "test.end", "the last one", source="executor")
+    fast.wait(lambda e, d: e == "events" and any(x["topic"] == "test.end" for x in d))
+    sent = [reader.drain(b'"topic": "test.end"') for reader in slow]
+    grew = peak_rss(server.proc.pid) - before
+    assert grew < 32 << 20, f"the server's peak RSS grew by {grew >> 20} MiB"
+    for got in sent:
+        assert len(got) < 8 << 20, len(got)      # of 48 MiB appended
+        assert b"events came faster than this page is sent them: the newest" in got
+        assert b'"truncated": true' in got and payload.encode() not in got

@@ -152,10 +152,14 @@ def build_parser():
     p.set_defaults(handler=workspace_cmds.cmd_bot_run)
 
     p = sub.add_parser("web", parents=[common],
-                       help="a live web view of the sessions: answer and steer from the page")
+                       help="a live web view of the sessions: answer and steer from the page (open "
+                            "the URL it prints: it carries the token every request needs)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs $RALPH_WEB_TOKEN)")
     p.add_argument("--port", type=port, default=8765, help="default 8765; 0 picks a free one")
+    p.add_argument("--max-streams", type=positive(int, 10000), metavar="N",
+                   help="live streams (open pages) served at once; one more is refused "
+                        "(default 32)")
     p.set_defaults(handler=workspace_cmds.cmd_web)
 
     p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")

@@ -53,7 +53,7 @@ def cmd_bot_run(args) -> int:
 def cmd_web(args) -> int:
     from ..channels.web import serve
     human_only("web")
-    return serve(workspace(args), args.host, args.port)
+    return serve(workspace(args), args.host, args.port, max_streams=args.max_streams)
 
 
 def cmd_init(args) -> int:

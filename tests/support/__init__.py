@@ -10,8 +10,9 @@
     engines     an Engine in-process over a session, on the fake clock (imports the engine)
     recording   RecordingAgent: the one in-process agent, scripted steps, invocations kept
     agents, model_server   the real agent CLIs against a scripted model server
+    users       another local user (setpriv/runuser), for what other users can reach
 
-The light modules are re-exported here; engines and recording are imported by name.
+The light modules are re-exported here; engines, recording and users are imported by name.
 """
 from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
 from .clock import FakeClock

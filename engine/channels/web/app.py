@@ -20,24 +20,34 @@ from .reads import Problem, dumps
 from .security import Guard, Redact
 
 MAX_BODY = 1 << 20
+# a body refused as too large is not read on: the connection closes rather than drain it;
+# a refused stream says when to try again
+PROBLEM_HEADERS = {413: {"connection": "close"}, 503: {"retry-after": "10"}}
 STATIC = {"app.js": "text/javascript; charset=utf-8", "session.js": "text/javascript; charset=utf-8",
           "util.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
 
-def _json(data, status: int = 200) -> Response:
-    return Response(dumps(data), status_code=status, media_type="application/json")
+def _json(data, status: int = 200, headers=None) -> Response:
+    return Response(dumps(data), status_code=status, media_type="application/json",
+                    headers=headers)
 
 
 def _problem(_request: Request, p: Problem) -> Response:
-    return _json({"error": p.message, **p.extra}, p.status)
+    return _json({"error": p.message, **p.extra}, p.status, PROBLEM_HEADERS.get(p.status))
 
 
 async def _body(request: Request) -> dict:
+    """The JSON object a POST carries, read as it streams: past MAX_BODY bytes it is
+    refused there (413), so a body without a length (chunked) is never held whole."""
+    too_large = Problem(413, f"a request body has at most {MAX_BODY} bytes")
     if int(request.headers.get("content-length") or 0) > MAX_BODY:
-        raise Problem(413, f"a request body has at most {MAX_BODY} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise Problem(413, f"a request body has at most {MAX_BODY} bytes")
+        raise too_large
+    raw = bytearray()
+    async with contextlib.aclosing(request.stream()) as chunks:
+        async for chunk in chunks:
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise too_large
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
@@ -47,8 +57,9 @@ async def _body(request: Request) -> dict:
     return data
 
 
-def build(workspace: str, feed: Feed, token: str | None, secrets: list[str]):
-    """The ASGI application for one workspace."""
+def build(workspace: str, feed: Feed, token: str, any_host: bool, secrets: list[str]):
+    """The ASGI application for one workspace (security.Guard says what `token` and
+    `any_host` are)."""
     package = resources.files(__package__).joinpath("static")
     files = {name: package.joinpath(name).read_bytes() for name in (*STATIC, "index.html")}
 
@@ -83,12 +94,17 @@ def build(workspace: str, feed: Feed, token: str | None, secrets: list[str]):
         return endpoint
 
     async def stream_sessions(_request: Request) -> Response:
-        return _stream(feed.sessions())
+        return _Stream(feed.sessions(), feed.take_stream())
 
     async def stream_session(request: Request) -> Response:
-        sid = request.path_params["sid"]
-        first, reader_ = await run_in_threadpool(reads.first_events, workspace, sid)
-        return _stream(feed.session(sid, first, reader_))
+        end = feed.take_stream()
+        try:
+            session, first = await run_in_threadpool(reads.first_events, workspace,
+                                                     request.path_params["sid"])
+        except BaseException:
+            end()
+            raise
+        return _Stream(feed.session(session, first), end)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -112,9 +128,21 @@ def build(workspace: str, feed: Feed, token: str | None, secrets: list[str]):
         Route(S + "/signals", writer(actions.signal), methods=["POST"]),
         Route(S + "/resume", writer(actions.resume), methods=["POST"]),
     ], exception_handlers={Problem: _problem}, lifespan=lifespan)
-    return Redact(Guard(app, token), secrets)
+    return Redact(Guard(app, token, any_host), secrets)
 
 
-def _stream(events) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"x-accel-buffering": "no"})
+class _Stream(StreamingResponse):
+    """Server-sent events holding one of the feed's streams until they end, however they
+    end (the reader gone, the server stopping)."""
+
+    def __init__(self, events, end):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"x-accel-buffering": "no"})
+        self._end = end
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._end()
+            await self.body_iterator.aclose()   # its subscription ends now, not when collected

@@ -3,14 +3,25 @@ root serves every open page. The watcher's thread hops onto the event loop and s
 page stream's own asyncio.Event; the stream then reads what changed (in a worker thread)
 and sends it as server-sent events. Nothing polls: a page hears of a file change within
 milliseconds, and an idle server does no work.
+
+Bounded, whoever reads. At most `max_streams` streams are open at once: one more is
+refused (503, one line). Each stream holds one message at a time: uvicorn's flow control
+holds its `send` while the connection's buffer is full, so a slow reader holds back its
+own stream and no queue grows. The changes made meanwhile coalesce into one wakeup, after
+which the stream reads what is there now: the snapshot as it stands, and of the events
+only the newest batch (reads.events_since: each event cut to a few kB, a batch at most
+256 kB; the skipped ones are said, in a `problem` message). A message of more than
+MAX_MESSAGE characters is not sent (a `problem` says so). A stream keeps only a digest of
+the last snapshot it sent.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 
-from session_store import sessions_root
+from session_store import Session, sessions_root
 
 from . import reads
 from .reads import Problem, dumps
@@ -18,6 +29,8 @@ from .reads import Problem, dumps
 # a stream that heard nothing for this long re-reads and sends a comment: it keeps the
 # connection alive through proxies and finds a page that has gone away
 KEEPALIVE = 15.0
+MAX_STREAMS = 32            # open at once, by default (`ralph web --max-streams`)
+MAX_MESSAGE = 2 << 20       # characters of one message (a snapshot, the session list)
 
 
 class _Wakeup:
@@ -34,8 +47,10 @@ class _Wakeup:
 
 
 class Feed:
-    def __init__(self, workspace: str, watch):
+    def __init__(self, workspace: str, watch, max_streams: int = MAX_STREAMS):
         self.workspace = os.path.abspath(workspace)
+        self.max_streams = max_streams
+        self.streams = 0
         self.root = sessions_root(self.workspace)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -55,6 +70,21 @@ class Feed:
         if self._stop_watching is not None:
             await asyncio.to_thread(self._stop_watching)
             self._stop_watching = None
+
+    def take_stream(self):
+        """Count one more open stream and return what ends it; Problem 503 when
+        `max_streams` are open."""
+        if self.streams >= self.max_streams:
+            raise Problem(503, f"refused: {self.max_streams} live streams are open, the most "
+                               f"this server keeps (ralph web --max-streams)")
+        self.streams += 1
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended, self.streams = True, self.streams - 1
+        return end
 
     def stop_streams(self) -> None:
         """From any thread (a signal handler): every stream ends, so shutdown is quick."""
@@ -112,36 +142,54 @@ class Feed:
         last = None
         async for woke in self._rounds():
             text = dumps(await asyncio.to_thread(reads.sessions, self.workspace))
-            if text != last:
-                last = text
-                yield sse("sessions", text)
+            last, message = _if_changed(last, "sessions", text, "the session list")
+            if message:
+                yield message
             elif not woke:
                 yield b": keepalive\n\n"
 
-    async def session(self, session_id: str, first_events: list[dict], reader):
-        """One session: its last events, then each new one, and its snapshot (status,
+    async def session(self, session: Session, first_events: list[dict]):
+        """One session: its last events, then the new ones, and its snapshot (status,
         questions, scratchpad, guidance) whenever that changes."""
         yield sse("events", dumps(first_events))
+        after = first_events[-1]["seq"] if first_events else 0
         last = None
         async for woke in self._rounds():
             try:
-                snapshot, new = await asyncio.to_thread(_read_changes, self.workspace,
-                                                        session_id, reader)
+                snapshot, (new, skipped) = await asyncio.to_thread(
+                    _read_changes, self.workspace, session, after)
             except Problem as p:   # gone, or unreadable for now: said, and followed on
                 yield sse("problem", dumps({"error": p.message}))
                 continue
+            if skipped:
+                yield sse("problem", dumps({"error": (
+                    f"events came faster than this page is sent them: the newest {len(new)} "
+                    f"are shown; `ralph session tail {session.id}` shows them all")}))
             if new:
+                after = new[-1]["seq"]
                 yield sse("events", dumps(new))
-            text = dumps(snapshot)
-            if text != last:
-                last = text
-                yield sse("snapshot", text)
+            last, message = _if_changed(last, "snapshot", dumps(snapshot), "the snapshot")
+            if message:
+                yield message
             elif not woke and not new:
                 yield b": keepalive\n\n"
 
 
-def _read_changes(workspace: str, session_id: str, reader) -> tuple[dict, list[dict]]:
-    return reads.snapshot(workspace, session_id), reader.read_new()
+def _read_changes(workspace: str, session: Session, after: int):
+    return reads.snapshot(workspace, session.id), reads.events_since(session, after)
+
+
+def _if_changed(last: bytes | None, event: str, text: str,
+                what: str) -> tuple[bytes, bytes | None]:
+    """(the text's digest, the message to send, or None when the last one said it)."""
+    digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    if digest == last:
+        return digest, None
+    if len(text) > MAX_MESSAGE:
+        return digest, sse("problem", dumps({"error": (
+            f"{what} is {len(text)} characters, more than a page is sent at once "
+            f"({MAX_MESSAGE}): `ralph session status` shows it")}))
+    return digest, sse(event, text)
 
 
 def sse(event: str, data: str) -> bytes:

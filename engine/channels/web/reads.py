@@ -9,13 +9,20 @@ from __future__ import annotations
 import json
 import math
 
-from session_store import BadInput, EventReader, check_id, load, signals, tail_events
+from session_store import BadInput, Session, check_id, load, signals
 
 from ...diagram import INSTALL_HINT, render, session_path
 from ...views import list_views, session_view
 
-LAST_EVENTS = 200          # the events a page starts with; it follows the rest live
-LOG_TAIL = 256 * 1024      # bytes of an agent log a page shows (the end of it)
+LOG_TAIL = 256 * 1024        # bytes of an agent log a page shows (the end of it)
+SCRATCHPAD_TAIL = 64 * 1024  # characters of the scratchpad a page shows (the end of it)
+# What a page is sent of the bus at once (the last events at first, then the new ones):
+# at most EVENT_BATCH events within EVENT_CHARACTERS, each cut to about MAX_EVENT. The
+# page shows 300 characters of a payload; `ralph session tail` shows it all.
+EVENT_BATCH = 200
+EVENT_CHARACTERS = 256 * 1024
+MAX_EVENT = 4 * 1024
+EVENT_FIELDS = ("seq", "ts", "topic", "source", "iteration", "state", "run")
 
 
 class Problem(Exception):
@@ -57,23 +64,72 @@ def sessions(workspace: str) -> list[dict]:
 
 
 def snapshot(workspace: str, session_id: str) -> dict:
-    """Where a session stands (`ralph session status --json`), its scratchpad and the
-    guidance waiting for a role's next run."""
+    """Where a session stands (`ralph session status --json`), the end of its scratchpad
+    and the guidance waiting for a role's next run."""
     session = open_session(workspace, session_id)
     try:
         view = session_view(workspace, session.id, last_events=0)
     except BadInput as e:
         raise Problem(404, str(e)) from None
-    return {"view": view, "scratchpad": session.scratchpad() or "",
+    return {"view": view, "scratchpad": _tail(session.scratchpad() or "", SCRATCHPAD_TAIL),
             "guidance": signals.guidance(session.dir)}
 
 
-def first_events(workspace: str, session_id: str) -> tuple[list[dict], EventReader]:
-    """The last events, and a reader for every one after them. The reader is placed
-    first, so a record appended in between is in both (the page drops repeated seqs)."""
+def _tail(text: str, most: int) -> str:
+    if len(text) <= most:
+        return text
+    return f"[… {len(text) - most} characters before these]\n" + text[-most:]
+
+
+def first_events(workspace: str, session_id: str) -> tuple[Session, list[dict]]:
+    """The session and its last events (what a page starts with)."""
     session = open_session(workspace, session_id)
-    reader = session.events_after(None)
-    return tail_events(session.dir, LAST_EVENTS), reader
+    return session, events_since(session, 0)[0]
+
+
+def events_since(session: Session, after: int) -> tuple[list[dict], bool]:
+    """The events whose seq is above `after`, oldest first, read from the end of the bus
+    back (a long bus costs nothing): the newest that fit in one batch, each fitted; and
+    whether older ones above `after` were left out."""
+    kept, size = [], 0
+    for record in session.events_backwards():
+        seq = record["seq"]
+        if type(seq) is not int:   # not a record of the store's: nothing to order it by
+            continue
+        if seq <= after:
+            break
+        record = fitted(record)
+        size += len(dumps(record))
+        if len(kept) == EVENT_BATCH or size > EVENT_CHARACTERS:
+            return kept[::-1], True
+        kept.append(record)
+    return kept[::-1], False
+
+
+def fitted(record: dict) -> dict:
+    """The event as a page is sent it: whole when it is short; else its fields, each
+    short, and the start of its payload, marked `truncated`."""
+    try:
+        if len(dumps(record)) <= MAX_EVENT:
+            return record
+        payload = record.get("payload")
+        text = payload if isinstance(payload, str) else dumps(payload)
+    except RecursionError:
+        text = "(nested too deep to show)"
+    cut = {k: _short(record[k]) for k in EVENT_FIELDS if k in record}
+    most = MAX_EVENT // 2
+    cut["payload"] = text if len(text) <= most else \
+        f"{text[:most]} [… {len(text)} characters in all: `ralph session tail` shows them]"
+    cut["truncated"] = True
+    return cut
+
+
+def _short(value):
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:200] + "…"
+    return "(not shown)"
 
 
 def iterations(workspace: str, session_id: str) -> list[dict]:

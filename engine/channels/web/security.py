@@ -1,11 +1,16 @@
 """Who may use the page, and what never leaves it.
 
-- Bound to loopback with no token: anyone on this machine may read and act, but only
-  through a loopback Host name (a DNS-rebinding page that reaches 127.0.0.1 under its own
-  name is refused).
-- With RALPH_WEB_TOKEN (required on any other address): every /api request carries it in
-  the X-Ralph-Token header. The page takes it from its URL's fragment (#token=...), which
-  browsers never send, so it is in no request line and no log.
+- Every /api request (the reads, the live streams, the changes) carries the server's token
+  in the X-Ralph-Token header, compared in constant time; without it: 401. The token is
+  $RALPH_WEB_TOKEN or, when that is not set, one made at start (32 random bytes) and
+  printed in the URL `ralph web` shows. The page takes it from that URL's fragment
+  (#token=...), which browsers never send: it is in no request line, log or Referer.
+  Another user of this machine reaches the port, not the token; the page and its scripts,
+  served without it, hold no data.
+- Without $RALPH_WEB_TOKEN the server binds loopback only and answers only to a loopback
+  Host name (a DNS-rebinding page that reaches 127.0.0.1 under its own name is refused).
+  Any other address needs $RALPH_WEB_TOKEN: there is no TLS, so serving the network is
+  the user's choice, with a token they keep.
 - Every state-changing request is a same-origin JSON POST: its Origin must be the page's
   own, which a page of another site cannot forge.
 - The Telegram bot token (from the environment or the workspace's ralph.yml) is masked in
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import secrets
 from urllib.parse import urlsplit
 
 from session_store import BadInput
@@ -44,16 +50,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def web_token(host: str, environ) -> str | None:
-    """The token requests must carry, or None on loopback without one; BadInput when
-    `host` is not loopback and no token is set."""
-    token = (environ.get(TOKEN_ENV) or "").strip() or None
-    if token is None and not is_loopback(host):
-        raise BadInput(f"--host {host}: not a loopback address; set ${TOKEN_ENV} to serve "
-                       f"there (every request then needs it)")
-    if token is not None and len(token) < 16:
+def web_token(host: str, environ) -> tuple[str, bool]:
+    """The token every /api request must carry, and whether it is the user's own
+    ($RALPH_WEB_TOKEN) rather than one made now. BadInput when `host` is not loopback and
+    no token is set, or when the one set is short."""
+    given = (environ.get(TOKEN_ENV) or "").strip()
+    if not given:
+        if not is_loopback(host):
+            raise BadInput(f"--host {host}: not a loopback address; set ${TOKEN_ENV} to serve "
+                           f"there (every request then needs it)")
+        return secrets.token_urlsafe(32), False
+    if len(given) < 16:
         raise BadInput(f"${TOKEN_ENV}: expected at least 16 characters")
-    return token
+    return given, True
 
 
 def telegram_tokens(workspace: str, environ) -> list[str]:
@@ -78,17 +87,18 @@ def _header(scope, name: bytes) -> str | None:
 
 
 class Guard:
-    """ASGI middleware: the checks above, then the security headers on every response."""
+    """ASGI middleware: the checks above, then the security headers on every response.
+    `any_host`: serve whatever Host name the request gives (a proxy's, a LAN name)."""
 
-    def __init__(self, app, token: str | None):
-        self.app, self.token = app, token
+    def __init__(self, app, token: str, any_host: bool):
+        self.app, self.token, self.any_host = app, token.encode(), any_host
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         refused = self.refusal(scope)
         if refused is not None:
-            return await _plain(send, 403, refused)
+            return await _plain(send, *refused)
 
         async def with_headers(message):
             if message["type"] == "http.response.start":
@@ -96,21 +106,22 @@ class Guard:
             await send(message)
         await self.app(scope, receive, with_headers)
 
-    def refusal(self, scope) -> str | None:
+    def refusal(self, scope) -> tuple[int, str] | None:
         host = _header(scope, b"host") or ""
-        if self.token is None and not is_loopback(urlsplit("//" + host).hostname or ""):
-            return "refused: this server answers only to a loopback host name"
-        if self.token is not None and scope["path"].startswith("/api/"):
-            given = _header(scope, TOKEN_HEADER) or ""
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                return f"refused: a valid {TOKEN_HEADER.decode()} header is required"
+        if not self.any_host and not is_loopback(urlsplit("//" + host).hostname or ""):
+            return 403, "refused: this server answers only to a loopback host name"
+        if scope["path"].startswith("/api/"):
+            given = (_header(scope, TOKEN_HEADER) or "").encode("latin-1")
+            if not hmac.compare_digest(given, self.token):
+                return 401, (f"refused: a valid {TOKEN_HEADER.decode()} header is required "
+                             f"(open the URL `ralph web` printed)")
         if scope["method"] not in SAFE_METHODS:
             origin = _header(scope, b"origin")
             if origin is None or urlsplit(origin).netloc != host:
-                return "refused: a state-changing request must come from this page (Origin)"
+                return 403, "refused: a state-changing request must come from this page (Origin)"
             kind = (_header(scope, b"content-type") or "").split(";")[0].strip()
             if kind != "application/json":
-                return "refused: expected a JSON body (Content-Type: application/json)"
+                return 403, "refused: expected a JSON body (Content-Type: application/json)"
         return None
 
 
@@ -138,8 +149,12 @@ class Redact:
 
 
 async def _plain(send, status: int, text: str) -> None:
+    """A refusal. The request's body is not read: the connection closes rather than
+    drain it."""
     body = (text + "\n").encode()
+    extra = [(b"www-authenticate", TOKEN_HEADER)] if status == 401 else []
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()), *HEADERS]})
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *extra, *HEADERS]})
     await send({"type": "http.response.body", "body": body})

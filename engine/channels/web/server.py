@@ -9,7 +9,7 @@ from session_store import BadInput
 
 from ... import mailbox
 from .app import build
-from .feed import Feed
+from .feed import MAX_STREAMS, Feed
 from .security import telegram_tokens, web_token
 
 
@@ -30,8 +30,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(workspace: str, host: str = "127.0.0.1", port: int = 8765, *, environ=None,
-          watch=None) -> int:
+def serve(workspace: str, host: str = "127.0.0.1", port: int = 8765, *,
+          max_streams: int | None = None, environ=None, watch=None) -> int:
     """Serve the live view of `workspace` on host:port until stopped; 0 when stopped.
     `watch` replaces the file-system watcher (a benchmark's fixed-interval poller)."""
     import uvicorn
@@ -39,10 +39,10 @@ def serve(workspace: str, host: str = "127.0.0.1", port: int = 8765, *, environ=
     workspace = os.path.abspath(workspace)
     if not os.path.isdir(workspace):
         raise BadInput(f"--workspace {workspace}: no such directory")
-    token = web_token(host, environ)
+    token, users_own = web_token(host, environ)
     sock = _bind(host, port)
-    feed = Feed(workspace, watch or mailbox.watch)
-    app = build(workspace, feed, token, telegram_tokens(workspace, environ))
+    feed = Feed(workspace, watch or mailbox.watch, max_streams or MAX_STREAMS)
+    app = build(workspace, feed, token, users_own, telegram_tokens(workspace, environ))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):   # end the live streams, or shutdown waits on them
@@ -53,9 +53,11 @@ def serve(workspace: str, host: str = "127.0.0.1", port: int = 8765, *, environ=
                                    lifespan="on", timeout_graceful_shutdown=2))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # as Jupyter does: the URL to open carries the token. One the user set is not printed
+    # (it outlives this run, and this line may land in a log); it is theirs to add
     print(f"ralph web: {workspace} on http://{shown}:{bound_port}/"
-          + (" (add #token=<the value of $RALPH_WEB_TOKEN> to the URL)" if token else ""),
-          flush=True)
+          + (" (add #token=<the value of $RALPH_WEB_TOKEN> to the URL)" if users_own
+             else f"#token={token}"), flush=True)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises the signal that stopped it, once done

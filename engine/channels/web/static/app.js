@@ -1,5 +1,6 @@
 // The page's router and the sessions list. /s/<ID> is one session (session.js).
-import { ago, api, badge, engineOf, follow, h, money, tasksText, tokens } from "./util.js";
+import { ago, api, badge, engineOf, follow, h, money, NO_TOKEN, notice, tasksText, token,
+         tokens } from "./util.js";
 import { sessionPage } from "./session.js";
 
 const COLUMNS = ["session", "status", "state", "engine", "iteration", "tasks", "cost",
@@ -42,12 +43,14 @@ function listPage(main) {
     if (r.ok) render(r.data);
     else main.append(h("p", { class: "error" }, r.data.error));
   });
-  follow("/api/stream", { sessions: render });
+  follow("/api/stream", { sessions: render, problem: (p) => notice(p.error, "warn") });
 }
 
 const main = document.getElementById("main");
 const path = location.pathname;
-if (path.startsWith("/s/")) {
+if (!token) {
+  main.replaceChildren(h("p", { class: "error", id: "no-token" }, NO_TOKEN));
+} else if (path.startsWith("/s/")) {
   sessionPage(main, decodeURIComponent(path.slice(3)));
 } else {
   listPage(main);

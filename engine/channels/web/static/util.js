@@ -3,8 +3,9 @@
 
 const TOKEN_KEY = "ralph-web-token";
 
-// The token comes in the URL's fragment (#token=...), which is never sent to a server,
-// and stays in this tab's session storage.
+// The token comes in the URL `ralph web` printed, in its fragment (#token=...), which is
+// never sent to a server (no request line, no log, no Referer); it stays in this tab's
+// session storage and goes with every /api request in the X-Ralph-Token header.
 function takeToken() {
   const found = location.hash.match(/(?:^#|&)token=([^&]+)/);
   if (found) {
@@ -13,7 +14,10 @@ function takeToken() {
   }
   return sessionStorage.getItem(TOKEN_KEY);
 }
-const token = takeToken();
+export const token = takeToken();
+export const NO_TOKEN = "This page needs the server's token: open the URL `ralph web` printed "
+  + "when it started (http://…/#token=…). A server started again has a new token, unless "
+  + "$RALPH_WEB_TOKEN sets it.";
 
 function headers(extra = {}) {
   return token ? { ...extra, "X-Ralph-Token": token } : extra;
@@ -54,6 +58,7 @@ export async function api(path, body) {
   } catch {
     data = { error: text.trim() || response.statusText };
   }
+  if (response.status === 401) data = { error: NO_TOKEN };
   return { ok: response.ok, status: response.status, data };
 }
 
@@ -64,8 +69,11 @@ function setLive(on, why) {
   el.classList.toggle("off", !on);
 }
 
-// Server-sent events read through fetch, so that the token travels in a header; the
-// feed reconnects after a second whenever it breaks. Returns a function that stops it.
+// Server-sent events read through fetch rather than EventSource: EventSource sends no
+// header, so its token would travel in the URL (kept in logs and history), or need a
+// ticket minted per stream (a second secret with a lifetime to manage); fetch sends the
+// token as every other /api request does. The feed reconnects after a second whenever
+// it breaks (a refused token ends it). Returns a function that stops it.
 export function follow(path, handlers) {
   let stopped = false;
   let controller = null;
@@ -73,6 +81,7 @@ export function follow(path, handlers) {
     controller = new AbortController();
     const response = await fetch(path, { headers: headers({ Accept: "text/event-stream" }),
                                          signal: controller.signal });
+    if (response.status === 401) stopped = true;
     if (!response.ok) throw new Error(`${response.status} ${(await response.text()).trim()}`);
     setLive(true);
     const reader = response.body.getReader();
