@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .cli import RALPH, REPO, base_env
+from .disk import session_dir
 from .model_server import Brain, ModelServer
 
 AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
