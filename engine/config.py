@@ -324,6 +324,62 @@ def check_paths(config: Config, workspace: str, source: str | None) -> None:
                            f"point there")
 
 
+def _last_started(workspace: str) -> tuple[str, Config] | None:
+    """The newest session of the workspace and the config it started with (its snapshot,
+    in the control plane), or None."""
+    from session_store import list_ids, load
+    newest = None
+    for sid in list_ids(workspace):
+        try:
+            session = load(workspace, sid)
+            if newest is None or session.metadata.created_at > newest.metadata.created_at:
+                newest = session
+        except BadInput:
+            continue
+    if newest is None:
+        return None
+    try:
+        text, path = newest.config_snapshot()
+        return newest.id, parse(text, path, channels=False)
+    except BadInput:
+        return None
+
+
+def check_telegram_as_started(config: Config, workspace: str, source: str | None) -> None:
+    """A config inside the workspace (which agents can rewrite) may not move the bot to
+    another API root or admit other chats than the newest session started with: a
+    rewritten `api_url` would hand that host the token, a chat the agent's own the
+    session. A config outside the workspace is the human's own."""
+    if source is None or outside_allowed(workspace, source):
+        return
+    started = _last_started(workspace)
+    if started is None:
+        return
+    sid, then = started
+    now_t, then_t = config.RObot.telegram, then.RObot.telegram
+    for field in ("api_url", "allowed_chat_ids"):
+        if getattr(now_t, field) != getattr(then_t, field):
+            raise BadInput(f"{source}: $.RObot.telegram.{field} differs from what session "
+                           f"{sid} started with, and agents can rewrite this file: check it, "
+                           f"or give a config outside the workspace with -c")
+
+
+def changed_agents(config: Config, workspace: str) -> str | None:
+    """What of the agents' settings (the commands the engine runs) changed in the config
+    since the newest session started, said in one line; None when nothing did."""
+    started = _last_started(workspace)
+    if started is None:
+        return None
+    sid, then = started
+    changed = [role for role in ROLES if config.agent_for(role) != then.agent_for(role)]
+    if not changed:
+        return None
+    return (f"the agents' settings changed since session {sid} started ({', '.join(changed)}"
+            f": {config.agent_for(changed[0]).backend.value} "
+            f"{' '.join(config.agent_for(changed[0]).command)}); agents can rewrite the "
+            f"workspace's ralph.yml: check it")
+
+
 def check_channels(config: Config, source: str) -> None:
     """For `resume`: the session's config still has working human channels."""
     errors = channel_errors(config)

@@ -81,10 +81,20 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     assert all(e["source"] == "engine" for e in evs if e["topic"] == "session.transition")
     assert not [f for f in (sd / "signals/processed").iterdir()]   # no APPROVE taken
     assert not list((sd / "answers").iterdir())
-    # a config that is the workspace's (agent-writable) may not point outside it
+    # a config that is the workspace's (agent-writable) may not point outside it, nor move
+    # the bot to another API root or chat than the sessions started with
     r = ralph(workspace, "session", "start", "again", "--id", "h2", env=base_env(**FAST))
     assert r.returncode == 2 and "leads outside the workspace" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    r = ralph(workspace, "bot", "run",
+              env=base_env(RALPH_TELEGRAM_BOT_TOKEN=MARKER))
+    assert r.returncode == 2 and "differs from what session h started with" in r.stderr
+    assert MARKER not in r.stdout + r.stderr
+    # a session started on a config whose agents changed says so first
+    write_config(workspace, {"agent": {"backend": "demo"}})
+    r = ralph(workspace, "session", "start", "again", "--id", "h3", env=base_env(**FAST))
+    assert r.returncode == 0, r.stderr
+    assert "the agents' settings changed since session h started" in r.stderr, r.stderr
 
 
 def test_the_humans_verbs_refuse_inside_a_run_however_it_hides(workspace, outside):

@@ -31,6 +31,10 @@ def cmd_start(args) -> int:
     _apply_limit_flags(limits, args)
     _preflight(config)
     cfg.check_paths(config, workspace(args), config_path)
+    if config_path and not cfg.outside_allowed(workspace(args), config_path):
+        changed = cfg.changed_agents(config, workspace(args))
+        if changed:
+            print(f"ralph: note: {changed}", file=sys.stderr, flush=True)
     notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
     session = create(workspace(args), objective.strip(), now=SystemClock().now(),

@@ -46,7 +46,10 @@ def cmd_bot_run(args) -> int:
     human_only("bot run")
     from ..channels import telegram
     ws = workspace(args)
-    found = telegram.settings(cfg.load(config_file(args)), require_enabled=False)
+    source = config_file(args)
+    config = cfg.load(source)
+    cfg.check_telegram_as_started(config, ws, source)
+    found = telegram.settings(config, require_enabled=False)
     return telegram.run_foreground(ws, found)
 
 
