@@ -1,9 +1,18 @@
 """What a running engine shows: on a terminal, a live line (state, iteration, task i of n,
-elapsed) redrawn in place under the log lines; elsewhere, plain timestamped lines."""
+elapsed) redrawn in place under the log lines; elsewhere, plain timestamped lines.
+
+Only the console starts a line at its left edge, with the time: a message of several
+lines (a question, a reason an agent wrote with newlines in it) goes on under it,
+indented, with every control character escaped (engine/safe_text.py). So nothing an
+agent wrote drives the terminal or passes for a line of ralph's own."""
 from __future__ import annotations
 
 import threading
 import time
+
+from .safe_text import printable
+
+_STAMP = "[00:00:00] "   # the width of a line's time stamp, under which a message goes on
 
 
 class Console:
@@ -32,6 +41,7 @@ class Console:
 
     def say(self, text: str) -> None:
         stamp = self.clock.now().astimezone().strftime("%H:%M:%S")
+        text = printable(text, lines=True).replace("\n", "\n" + " " * len(_STAMP))
         with self._lock:
             if self.live:
                 self.out.write("\r\x1b[K")
@@ -52,4 +62,5 @@ class Console:
             line = self._status()
         except Exception:  # the line is cosmetic: never let it break the engine
             return
-        self.out.write(f"\r\x1b[K\x1b[1m{line}\x1b[0m · {elapsed // 60}m{elapsed % 60:02d}s")
+        self.out.write(f"\r\x1b[K\x1b[1m{printable(line)}\x1b[0m"
+                       f" · {elapsed // 60}m{elapsed % 60:02d}s")

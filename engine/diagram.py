@@ -15,6 +15,7 @@ from collections import Counter
 from session_store import BadInput, State, load, read_events, running_pid
 
 from .machine import rows_for_transitions
+from .safe_text import printable
 
 TITLE = "ralph session machine"
 VISITED = "lightskyblue"   # the fill of a state the session has been in
@@ -75,7 +76,7 @@ def session_path(workspace: str, session_id: str) -> tuple[State, SessionPath]:
     steps = [(str(r["payload"].get("from")), str(r["payload"].get("trigger")),
               str(r["payload"].get("to")))
              for r in records if r["topic"] == "session.transition"
-             and isinstance(r["payload"], dict)]
+             and r.get("source") == "engine" and isinstance(r.get("payload"), dict)]
     m = session.metadata
     o = m.orchestrator
     words = standing({"status": m.status.value, "state": o.state.value,
@@ -204,7 +205,8 @@ def _html(text: str) -> str:
 
 
 def _clip(text: str, limit: int = 120) -> str:
-    text = " ".join(text.split())
+    """One line of at most `limit` characters, its control characters escaped."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

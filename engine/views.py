@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 from session_store import (BadInput, PauseKind, State, Status, complete_size, list_ids,
                            load, progress, read_events, running_pid, tail_events, unstructure)
 
+from .safe_text import author, clock, excerpt, field, printable
+
 
 def _resume_command(meta, running: bool) -> str | None:
     """For a paused session, or an interrupted one (active, but no engine holds it)."""
@@ -114,7 +116,8 @@ def answer_outcome(session, question) -> str:
     if question.status is questions.QuestionStatus.TIMED_OUT:
         return "the question had timed out: the answer reaches the next prompt as guidance"
     if question.kind == "in_run":
-        who = f"{question.context.role or 'agent'} {question.context.task or ''}".strip()
+        c = question.context
+        who = printable(f"{c.role or 'agent'} {c.task or ''}".strip())
         if not running:
             return f"no engine runs the session: it reaches the next run of {who} {resume}"
         if question.asker_gone:
@@ -137,35 +140,41 @@ def standing(v: dict) -> str:
 
 
 def status_text(v: dict) -> str:
+    """The status view as text. Every string from the session (the objective, reasons,
+    questions, task titles and notes, events) is shown as one escaped line: what an
+    agent wrote can neither drive the terminal nor start a line of its own."""
     lines = [f"session {v['session_id']}: {standing(v)}"
              f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
-             f"objective: {v['objective'].splitlines()[0] if v['objective'] else ''}",
+             f"objective: {printable(v['objective'].splitlines()[0]) if v['objective'] else ''}",
              f"iteration {v['iteration']}, batch {v['batch']}; tasks: {v['tasks']['completed']} done, "
              f"{v['tasks']['failed']} failed, {v['tasks']['pending']} pending of {v['tasks']['total']}"]
     if v["engine_stopped"]:
-        last = v["last_events"][-1]["ts"][:19] if v["last_events"] else v["updated_at"][:19]
+        last = field(v["last_events"][-1].get("ts"))[:19] if v["last_events"] \
+            else v["updated_at"][:19]
         lines.append(f"engine pid {v['engine_pid']} is stopped (SIGSTOP or a suspended "
                      f"machine): it holds the session but has made no progress since {last}; "
                      f"`kill -CONT {v['engine_pid']}` lets it go on (deadlines that passed "
                      f"meanwhile apply once)")
     if v["pause_reason"]:
-        lines.append(f"paused: {v['pause_reason']}")
+        lines.append(f"paused: {printable(v['pause_reason'])}")
     if v["resume_command"]:
         lines.append(f"resume: {v['resume_command']}")
     for q in v["pending_questions"]:
-        lines.append(f"question {q['id']} ({q['role'] or 'agent'}, asked {_age(q['age_seconds'])} ago, "
-                     f"deadline {q['deadline'][:19]}, on timeout: {q['on_timeout']}): {q['text']}")
+        lines.append(f"question {q['id']} ({_asker(q)}, asked {_age(q['age_seconds'])} ago, "
+                     f"deadline {q['deadline'][:19]}, on timeout: {field(q['on_timeout'])}): "
+                     f"{printable(q['text'])}")
         if q["options"]:
-            lines.append("  options: " + "  ".join(f"{i}. {o}" for i, o in
+            lines.append("  options: " + "  ".join(f"{i}. {printable(o)}" for i, o in
                                                    enumerate(q["options"], 1)))
         lines.append(f"  answer: {q['answer_command']}")
     if v["waiting_signals"]:
         lines.append(f"signals waiting: {len(v['waiting_signals'])}")
     a = v["assessment"]
     if a:
-        factors = ", ".join(f"{k} {x:.2f}" for k, x in a["factors"].items())
-        lines.append(f"confidence {a['confidence']:.2f} ({factors}); mode {a['mode']}"
-                     + (f"; triggers: {'; '.join(a['triggers'])}" if a["triggers"] else ""))
+        factors = ", ".join(f"{field(k)} {x:.2f}" for k, x in a["factors"].items())
+        lines.append(f"confidence {a['confidence']:.2f} ({factors}); mode {field(a['mode'])}"
+                     + (f"; triggers: {printable('; '.join(a['triggers']))}"
+                        if a["triggers"] else ""))
     u, lim = v["usage"], v["limits"]
     lines.append(f"usage: {u['agent_invocations']} agent runs, {u['runtime_seconds']:.0f}s of "
                  f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"
@@ -174,16 +183,24 @@ def status_text(v: dict) -> str:
     if u["input_tokens"] or u["output_tokens"]:
         lines.append("tokens (in/out): " + ", ".join(
             [f"{u['input_tokens']:,}/{u['output_tokens']:,}"]
-            + [f"{role} {r['input_tokens']:,}/{r['output_tokens']:,} ${r['cost_usd']:.2f}"
+            + [f"{field(role)} {r['input_tokens']:,}/{r['output_tokens']:,} ${r['cost_usd']:.2f}"
                for role, r in u["by_role"].items()]))
     if v["current_tasks"]:
         lines.append("")
-        lines += [f"  [{t['marker']}] {t['id']}: {t['title']} (batch {t['batch']})"
-                  + (f" — {t['note']}" if t["note"] else "") for t in v["current_tasks"]]
+        lines += [f"  [{field(t['marker'])}] {field(t['id'])}: {printable(t['title'])} "
+                  f"(batch {t['batch']})" + (f" — {printable(t['note'])}" if t["note"] else "")
+                  for t in v["current_tasks"]]
     if v["last_events"]:
         lines.append("")
         lines += ["  " + event_line(e) for e in v["last_events"]]
     return "\n".join(lines)
+
+
+def _asker(q: dict) -> str:
+    """Whose question: an agent's (its role and task), else the engine's own."""
+    if not q["role"]:
+        return "from ralph"
+    return f"from the {field(q['role'])}" + (f" on {field(q['task'])}" if q["task"] else "")
 
 
 def list_views(workspace: str) -> list[dict]:
@@ -219,14 +236,14 @@ def list_text(views: list[dict]) -> str:
     lines = []
     for v in views:
         if "error" in v:
-            lines.append(f"{v['session_id']}  unreadable: {v['error']}")
+            lines.append(f"{v['session_id']}  unreadable: {printable(v['error'])}")
             continue
         status, _, state = standing(v).partition(" in ")
         state = state or v["state"]
         run = " stopped" if v.get("engine_stopped") else " running" if v["running"] else ""
         lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
                      f"{_age(v['age_seconds']):>6}{run}"
-                     + (f"  — {v['pause_reason']}" if v["pause_reason"] else "")
+                     + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
                      + (f"  — resume: ralph session resume {v['session_id']}"
                         if status == "interrupted" else ""))
     return "\n".join(lines)
@@ -240,16 +257,18 @@ def _age(seconds: int) -> str:
 
 
 def event_line(e: dict) -> str:
+    """One bus record as one escaped line, whatever it holds: a field that is absent or
+    of the wrong type shows as "?", the payload is cut to 160 characters, the author is
+    who appended it ("ralph" for the engine). Only the engine's transitions read as
+    transitions."""
     payload = e.get("payload")
-    if e["topic"] == "session.transition" and isinstance(payload, dict):
-        text = f"{payload.get('from')} -> {payload.get('to')} ({payload.get('trigger')}" \
-               + (f": {payload['reason']})" if payload.get("reason") else ")")
-    else:
-        text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    if len(text) > 160:
-        text = text[:157] + "..."
-    return (f"#{e['seq']:<5} {e['ts'][11:23]} {e.get('state') or '-':<18} "
-            f"{e['source']:<9} {e['topic']}  {text}")
+    if e.get("topic") == "session.transition" and e.get("source") == "engine" \
+            and isinstance(payload, dict):
+        payload = f"{payload.get('from')} -> {payload.get('to')} ({payload.get('trigger')}" \
+            + (f": {payload['reason']})" if payload.get("reason") else ")")
+    return (f"#{field(e.get('seq'), text=False):<5} {clock(e, 12):<12} "
+            f"{field(e.get('state'), '-'):<18} {author(e):<9} {field(e.get('topic'))}  "
+            f"{excerpt(payload, 160)}")
 
 
 def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: bool) -> int:
@@ -264,7 +283,9 @@ def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: 
 
     def show(batch):
         for e in batch:
-            print(json.dumps(e, ensure_ascii=False) if as_json else event_line(e), flush=True)
+            # JSON's \u escapes keep the record exact and every control character off
+            # the terminal (C1 and bidi controls too: ensure_ascii)
+            print(json.dumps(e) if as_json else event_line(e), flush=True)
     show(tail_events(session.dir, count, offset) if count > 0 else [])
     if not follow:
         return 0
@@ -276,8 +297,9 @@ def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: 
             woken.clear()
             batch, offset = read_events(session.dir, offset)
             show(batch)
-            if any(e["topic"] == "session.transition" and isinstance(e["payload"], dict)
-                   and e["payload"].get("to") == "COMPLETE" for e in batch):
+            if any(e["topic"] == "session.transition" and e.get("source") == "engine"
+                   and isinstance(e.get("payload"), dict) and e["payload"].get("to") == "COMPLETE"
+                   for e in batch):
                 return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)

@@ -23,6 +23,10 @@ from ._errors import BadInput
 EVENTS_FILE = "events.jsonl"
 REFUSED = "emit.refused"   # the record of a request the engine did not take
 _TAIL_CHUNK = 65536
+_READ_CHUNK = 1 << 20
+# A line longer than this is no event (an agent's event is capped well below it): readers
+# skip it without holding it whole, so one huge line costs a view no more than its read.
+MAX_RECORD_BYTES = 2 << 20
 
 
 def now_iso() -> str:
@@ -32,35 +36,15 @@ def now_iso() -> str:
 def _last_seq_and_trim(fd: int) -> int:
     """Return the last complete record's seq; truncate a torn tail. Caller holds the lock."""
     size = os.fstat(fd).st_size
-    if size == 0:
-        return 0
-    end = size
-    chunk = _TAIL_CHUNK
-    while True:
-        start = max(0, end - chunk)
-        data = os.pread(fd, end - start, start)
-        if end == size and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n")
-            if cut == -1 and start > 0:
-                chunk *= 2
-                continue
-            new_size = start + cut + 1 if cut != -1 else 0
-            os.ftruncate(fd, new_size)
-            size = end = new_size
-            if size == 0:
-                return 0
-            continue
-        lines = data.split(b"\n")
-        # lines[-1] is empty (data ends with \n); lines[0] may be partial unless start == 0.
-        complete = lines[:-1] if start == 0 else lines[1:-1]
-        for line in reversed(complete):
-            try:
-                return int(json.loads(line)["seq"])
-            except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
-                continue  # not a record (garbage, `"seq": Infinity`, nesting too deep)
-        if start == 0:
-            return 0
-        chunk *= 2
+    whole = _complete_end(fd, size)
+    if whole != size:
+        os.ftruncate(fd, whole)
+    for record in _backwards(fd, whole):
+        try:
+            return int(record["seq"])
+        except (ValueError, TypeError, OverflowError):
+            continue  # not a seq (`"seq": Infinity`, `"seq": "x"`)
+    return 0
 
 
 @contextmanager
@@ -119,19 +103,35 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
 def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
     """Records from byte `offset` on, and the offset just past the last complete line.
 
-    A torn last line is left for later; a complete line that is not a record is skipped.
+    A torn last line is left for later; a complete line that is not a record is skipped,
+    and so is one longer than MAX_RECORD_BYTES, without being held whole: the file is read
+    in chunks, a line's pieces dropped once they pass the cap.
     """
     fd = _open_for_reading(os.path.join(session_dir, EVENTS_FILE))
     if fd is None:
         return [], offset
-    try:   # a pread per call (no buffered file object): the engine reads after every step
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, size - offset, offset) if size > offset else b""
+    records: list[dict] = []
+    pieces: list[bytes] = []   # the line read so far, in order
+    size = 0                   # their length; -1 once the line is too long to keep
+    done = at = offset         # past the last newline read; where the next chunk starts
+    try:   # a pread per chunk (no buffered file object): the engine reads after every step
+        end = os.fstat(fd).st_size
+        while at < end:
+            chunk = os.pread(fd, min(_READ_CHUNK, end - at), at)
+            if not chunk:
+                break
+            at += len(chunk)
+            parts = chunk.split(b"\n")
+            size = _gather(pieces, size, parts[0])
+            if len(parts) == 1:
+                continue
+            records += _records([b"".join(pieces) if size > 0 else b"", *parts[1:-1]])
+            pieces = []
+            size = _gather(pieces, 0, parts[-1])
+            done = at - len(parts[-1])
     finally:
         os.close(fd)
-    end = data.rfind(b"\n") + 1
-    records = [r for r in map(_record, data[:end].split(b"\n")[:-1]) if r is not None]
-    return records, offset + end
+    return records, done
 
 
 def _without_lone_surrogates(record: dict) -> dict:
@@ -162,17 +162,20 @@ def complete_size(session_dir: str) -> int:
     if fd is None:
         return 0
     try:
-        end = os.fstat(fd).st_size
-        while end > 0:
-            start = max(0, end - _TAIL_CHUNK)
-            data = os.pread(fd, end - start, start)
-            cut = data.rfind(b"\n")
-            if cut != -1:
-                return start + cut + 1
-            end = start
-        return 0
+        return _complete_end(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
+
+
+def _complete_end(fd: int, end: int) -> int:
+    """The offset just past the last newline before `end` (0 when there is none)."""
+    while end > 0:
+        start = max(0, end - _TAIL_CHUNK)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut != -1:
+            return start + cut + 1
+        end = start
+    return 0
 
 
 def backwards(session_dir: str, end: int | None = None):
@@ -183,19 +186,49 @@ def backwards(session_dir: str, end: int | None = None):
     if fd is None:
         return
     try:
-        carry = b""
-        while end > 0:
-            start = max(0, end - _TAIL_CHUNK)
-            lines = (os.pread(fd, end - start, start) + carry).split(b"\n")
-            # the first piece may be the end of an earlier line: kept for the next chunk
-            carry, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
-            for line in reversed(lines):
-                record = _record(line) if line else None
-                if record is not None:
-                    yield record
-            end = start
+        yield from _backwards(fd, end)
     finally:
         os.close(fd)
+
+
+def _backwards(fd: int, end: int):
+    """Linear in the bytes read: a line that spans chunks is gathered as a list of pieces
+    and joined once; one longer than MAX_RECORD_BYTES is skipped, its pieces dropped as
+    they come, so a huge line costs its read, never its size in memory."""
+    pieces: list[bytes] = []   # the line being read back, its last piece first
+    size = 0                   # their length; -1 once the line is too long to keep
+    while end > 0:
+        start = max(0, end - _TAIL_CHUNK)
+        chunk = os.pread(fd, end - start, start)
+        end = start
+        parts = chunk.split(b"\n")
+        size = _gather(pieces, size, parts[-1])
+        if len(parts) == 1:    # no line starts in this chunk: one more piece of it
+            continue
+        # the piece after the chunk's last newline began the line read so far
+        yield from _records([b"".join(reversed(pieces)) if size > 0 else b"",
+                             *reversed(parts[1:-1])])
+        pieces = []
+        size = _gather(pieces, 0, parts[0])
+    yield from _records([b"".join(reversed(pieces)) if size > 0 else b""])   # the first line
+
+
+def _gather(pieces: list[bytes], size: int, piece: bytes) -> int:
+    """Add `piece` to the pieces of a line being read; the line's size, -1 past the cap."""
+    if size < 0 or size + len(piece) > MAX_RECORD_BYTES:
+        pieces.clear()
+        return -1
+    pieces.append(piece)
+    return size + len(piece)
+
+
+def _records(lines):
+    """The records among whole lines: an empty one, one past the cap, garbage skipped."""
+    for line in lines:
+        if line and len(line) <= MAX_RECORD_BYTES:
+            record = _record(line)
+            if record is not None:
+                yield record
 
 
 def last_event(session_dir: str, match) -> dict | None:

@@ -35,14 +35,20 @@ def render(iteration: int, tasks: list[TaskLine]) -> str:
     lines = [f"# Progress — iteration {iteration}", "",
              "Markers: [ ] todo, [/] in progress, [x] done, [F] failed, [C] cancelled", ""]
     for t in tasks:
-        note = f" — {t.note}" if t.note else ""
-        lines.append(f"- [{t.marker}] {t.id}: {t.title} (batch {t.batch}){note}")
+        note = f" — {_one_line(t.note)}" if t.note else ""
+        lines.append(f"- [{t.marker}] {t.id}: {_one_line(t.title)} (batch {t.batch}){note}")
     return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """A title or note an agent wrote stays on its task's line: a newline in it would cut
+    the task out of the file."""
+    return text.replace("\n", " ")
 
 
 def parse(text: str) -> list[TaskLine]:
     tasks = []
-    for line in text.splitlines():
+    for line in text.split("\n"):   # not splitlines(): \r, \x1c, U+2028 are no line ends here
         m = _LINE.match(line)
         if m and m["marker"] in MARKERS:
             tasks.append(TaskLine(m["id"], m["title"], int(m["batch"]), m["marker"], m["note"]))

@@ -200,6 +200,8 @@ class FakeTelegram:
                                  if m["message_id"] == reply.get("message_id")
                                  and m["chat"]["id"] == message["chat"]["id"]), None)
                 message["reply_to_message"] = original or {"message_id": reply.get("message_id")}
+            if params.get("entities"):   # what the client shows as a quote, a code span...
+                message["entities"] = params["entities"]
             markup = params.get("reply_markup")
             if markup:
                 message["reply_markup_sent"] = markup

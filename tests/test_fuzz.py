@@ -38,11 +38,14 @@ from hypothesis import strategies as st
 
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, spawn, wait_for,
                      write_config, write_scenario)
+from support.hostile import raw_controls
 from engine import config as cfg
 from engine import event_schemas
+from engine.safe_text import printable
 from engine.tools import emit
 from session_store import BadInput, append_event, check_id, create, load, questions, \
     read_events, resolve_id, signals
+from session_store._events import backwards
 from session_store._schema import NotPlain, dump_plain, load_plain, parse_yaml
 
 HYPOTHESIS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -884,6 +887,8 @@ def test_read_events_of_any_file_never_raises(content, cut):
                 assert end == offset or content[end - 1:end] == b"\n"
                 for r in records:
                     assert isinstance(r, dict) and "seq" in r and "topic" in r
+            # read from the end back (status, tail, resume): the same records, newest first
+            assert list(backwards(d)) == read_events(d)[0][::-1]
 
 
 @settings(**budget("append_event", 400))
@@ -902,6 +907,58 @@ def test_append_after_garbage_leaves_a_parseable_last_line(content, payload):
         assert isinstance(record["seq"], int) and second["seq"] == record["seq"] + 1
         records, end = read_events(d)
         assert records[-2:] == [record, second] and end == len(data)
+
+
+# --- what reaches a terminal or a chat (engine/safe_text.py) ---
+
+DRIVING = st.sampled_from(["\x1b[2J", "\x1b]0;t\x07", "\x1b]52;c;eA==\x07", "\x9b", "\r",
+                           "\n", "\t", "\x00", "\x7f", "\x85", "\x1c", "\u202e", "\u2066",
+                           "\u200f", "\u2028", "\\x1b"])
+TERMINAL_TEXT = st.lists(st.text(max_size=8) | DRIVING, max_size=12).map("".join)
+
+
+@settings(**budget("printable", 1000))
+@given(text=TERMINAL_TEXT | st.text(), lines=st.booleans())
+def test_printable_leaves_nothing_a_terminal_obeys(text, lines):
+    CASES["printable"] += 1
+    shown = printable(text, lines=lines)
+    assert not raw_controls(shown)
+    assert shown.count("\n") == (text.count("\n") if lines else 0)
+    assert printable(shown, lines=lines) == shown
+    if not raw_controls(text) and (lines or not {"\n", "\t"} & set(text)):
+        assert shown == text
+
+
+RECORDS = st.fixed_dictionaries(
+    {"seq": JSONISH, "topic": st.sampled_from(["human.progress", "session.transition",
+                                               "human.timeout"]) | JSONISH},
+    optional={k: JSONISH | TERMINAL_TEXT for k in ("ts", "payload", "state", "iteration", "run")}
+    | {"source": st.sampled_from(["engine", "executor", "cli"]) | JSONISH | TERMINAL_TEXT,
+       "payload": st.fixed_dictionaries({}, optional={
+           k: JSONISH | TERMINAL_TEXT for k in ("from", "to", "trigger", "reason", "id",
+                                                "policy", "delivery_failed")})})
+
+
+@settings(**budget("shown_records", 1000))
+@given(record=RECORDS)
+def test_any_record_is_shown_as_one_safe_line_and_an_attributed_notice(record):
+    CASES["shown_records"] += 1
+    from engine.channels.telegram.texts import MAX_TEXT, notice_text
+    from engine.views import event_line
+    line = event_line(record)
+    assert "\n" not in line and not raw_controls(line)
+    message = notice_text("s1", record)
+    if message is None:
+        return
+    assert not raw_controls(message.text) and len(message.text) <= MAX_TEXT
+    if record["topic"] == "human.progress":   # an agent's words: quoted, under its name
+        offset, length = message.quote
+        head = message.text.encode("utf-16-le")[:2 * offset].decode("utf-16-le")
+        assert " says, in session s1" in head and head.endswith(":\n")
+        assert "\n" not in head[:-1]
+        assert offset + length == len(message.text.encode("utf-16-le")) // 2
+    else:                                     # ralph's own: only from the engine's records
+        assert record.get("source") == "engine" and message.quote is None
 
 
 def _finite(value) -> bool:

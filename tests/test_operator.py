@@ -295,7 +295,7 @@ def test_an_in_run_question_is_shown_in_full_while_its_agent_waits(workspace):
     assert f'ralph session answer c10 "..." --question {qid}' in shown
     assert ralph(workspace, "session", "answer", "c10", "9090").returncode == 0
     # the demo agent emits after its ask: the note is shown once it lands
-    assert "progress (executor): halfway through t1" in out.wait_for("halfway")
+    assert "[executor t1] progress: halfway through t1" in out.wait_for("halfway")
     assert proc.wait(timeout=60) == 0
 
 

@@ -123,7 +123,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
         async def sent(fragment: str) -> dict:
             return await asyncio.to_thread(fake.wait_text, fragment, None, 10)
         try:
-            await sent("[session A] planned")   # the primary's bus, replayed
+            await sent("in session A:\nplanned")   # the primary's bus, replayed
             assert looks[0] == ({"A", "B"}, {"A", "B"})
             first = len(looks)
             await asyncio.sleep(0.5)
@@ -152,7 +152,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
 
             first = len(looks)
             await asyncio.to_thread(append_event, dirs["A"], "human.progress", "halfway")
-            await sent("[session A] halfway")
+            await sent("in session A:\nhalfway")
             assert all(w <= {"A"} and o <= {"A"} for w, o in looks[first:]), looks[first:]
 
             # a session that appears later is watched too, with nothing to set up

@@ -200,3 +200,31 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         stop_engine_of(sd)
         server.stop(expect=None)
     assert server.proc.returncode == 0, server.stderr
+
+
+@pytest.mark.slow
+def test_the_page_shows_control_and_bidi_characters_as_escapes(workspace, browser, shot):
+    """An agent's progress note, event and question carrying ESC sequences and bidi
+    overrides: the page shows them as escapes ("\\u202e"), never as characters that
+    reorder what the operator reads."""
+    from _web import ask, store_session
+    from session_store import append_event
+    from support.hostile import ESCAPES, raw_controls
+    session = store_session(workspace)
+    append_event(session.dir, "human.progress", f"tests pass{ESCAPES}", source="executor")
+    qid = ask(session, f"Deploy?{ESCAPES}", options=[f"yes{ESCAPES}", "no"])
+    server = WebServer(workspace)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(f"{server.url}/s/{session.id}")
+        card = page.locator(f'article.question[data-question="{qid}"]')
+        card.wait_for(timeout=30000)
+        page.locator('#events tr[data-topic="human.progress"]').wait_for()
+        shot(page, "06-escaped-agent-text")
+        shown = page.evaluate("document.body.innerText")
+        assert not raw_controls(shown.replace("\r", "")), sorted(set(raw_controls(shown)))
+        assert "tests pass\\x1b[2J" in shown and "\\u202egnp.exe\\u202c" in shown
+        assert "Deploy?\\x1b[2J" in card.text_content()
+        assert page.locator("button.option").first.text_content().startswith("yes\\x1b[2J")
+    finally:
+        server.stop(expect=None)

@@ -47,17 +47,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
     except Exception as e:
         from session_store import BadInput, DiskFault
+
+        from ..safe_text import printable   # a file name or value an agent chose, escaped
         if isinstance(e, DiskFault):   # a one-shot command: nothing was left half-written
-            print(f"ralph: error: {e}", file=sys.stderr)
+            print(f"ralph: error: {printable(str(e))}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if isinstance(e, BadInput):
             for line in str(e).splitlines():  # `validate` reports every error, one a line
-                print(f"ralph: error: {line}", file=sys.stderr)
+                print(f"ralph: error: {printable(line)}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if os.environ.get("RALPH_DEBUG"):
             raise
-        print(f"ralph: internal error: {type(e).__name__}: {e} (RALPH_DEBUG=1 shows where)",
-              file=sys.stderr)
+        print(f"ralph: internal error: {type(e).__name__}: {printable(str(e))} "
+              f"(RALPH_DEBUG=1 shows where)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -15,8 +15,10 @@ from session_store import BadInput, PauseKind, progress, questions
 from states import Next, Trigger
 
 from ..mailbox import Mode
+from ..safe_text import author, payload_text, printable
 
 Q = questions.QuestionStatus
+PROGRESS_SHOWN = 2000   # characters of a progress note the console shows
 AnswerObserver = Callable[[questions.Question, "str | None"], "Next | None"]
 
 
@@ -73,22 +75,24 @@ class HumanDesk:
                         task_id=task.id if task else None)
 
     def announce_question(self, question: questions.Question) -> None:
-        """Once per engine: the whole question, its options, deadline and how to answer."""
+        """Once per engine: the whole question, its options, deadline and how to answer.
+        An agent's words are quoted ("> "), each option kept to one line, under a header
+        that says whose question it is; the lines after it are ralph's."""
         if question.id in self._announced:
             return
         self._announced.add(question.id)
         c = question.context
-        who = " ".join(x for x in (c.role, c.task) if x) or "the engine"
-        lines = [f"question {question.id} from {who}"
-                 + (" (its agent waits for the answer)" if question.kind == "in_run" else
-                    " (the session waits for the answer)") + ":",
-                 *[f"  {line}" for line in question.text.splitlines()]]
+        who = f"the {c.role}" + (f" ({c.task})" if c.task else "") if c.role else "ralph"
+        lines = [f"question {question.id} from {printable(who)}"
+                 + ("; its agent waits for the answer:" if question.kind == "in_run" else
+                    "; the session waits for the answer:"),
+                 *[f"  > {line}" for line in question.text.splitlines()]]
         if question.options:
-            lines.append("  options: " + "  ".join(f"{i}. {o}"
+            lines.append("  options: " + "  ".join(f"{i}. {printable(o)}"
                                                   for i, o in enumerate(question.options, 1)))
         if question.kind == "in_run":
-            then = f"the agent gets the default: {question.default}" if question.default \
-                else "the agent goes on without an answer"
+            then = f"the agent gets the default: {printable(question.default)}" \
+                if question.default else "the agent goes on without an answer"
         else:
             then = {"continue": "the session goes on without an answer",
                     "pause": "the session pauses", "abort": "the session is aborted"}.get(
@@ -100,11 +104,13 @@ class HumanDesk:
         self._say("\n".join(lines))
 
     def announce(self) -> None:
-        """What agents told the humans since the last look: in-run questions, progress."""
+        """What agents told the humans since the last look: in-run questions, progress,
+        each under its author's name ("[executor t1] progress: ...")."""
         for record in self._feed.read_new():
             payload = record.get("payload")
             if record["topic"] == "human.progress":
-                self._say(f"progress ({record.get('source')}): {payload}")
+                self._say(f"[{author(record)}] progress: "
+                          f"{payload_text(payload, PROGRESS_SHOWN)}")
             elif record["topic"] == "human.question" and isinstance(payload, dict) \
                     and payload.get("in_run") and isinstance(payload.get("id"), str):
                 try:

@@ -16,15 +16,16 @@ The light modules are re-exported here; engines, recording and users are importe
 """
 from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
 from .clock import FakeClock
-from .disk import (events, metadata, only_session, progress_markers, prompts, question_files,
-                   session_dir, session_dirs, signal_files, taken_marks, topics, transitions,
-                   work_dir)
+from .disk import (append_raw, events, metadata, only_session, progress_markers, prompts,
+                   question_files, session_dir, session_dirs, signal_files, taken_marks,
+                   topics, transitions, work_dir)
 from .scenarios import (DONE, EVIDENCE, QUALITY, REVIEW_OK, demo_config, plan, start,
                         write_config, write_scenario)
 from .sessions import new_session
 
 __all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "spawn", "wait_for",
-           "FakeClock", "events", "metadata", "only_session", "progress_markers", "prompts",
-           "question_files", "session_dir", "session_dirs", "signal_files", "taken_marks", "topics",
-           "transitions", "work_dir", "DONE", "EVIDENCE", "QUALITY", "REVIEW_OK", "demo_config", "plan",
+           "FakeClock", "append_raw", "events", "metadata", "only_session", "progress_markers",
+           "prompts", "question_files", "session_dir", "session_dirs", "signal_files",
+           "taken_marks", "topics", "transitions", "work_dir", "DONE", "EVIDENCE", "QUALITY",
+           "REVIEW_OK", "demo_config", "plan",
            "start", "write_config", "write_scenario", "new_session"]

@@ -20,7 +20,8 @@ from session_store import (AlreadyAnswered, BadInput, QuestionCancelled, Status,
 
 from . import router
 from .settings import Log
-from .texts import clip, short
+from ...safe_text import author, clock, excerpt, field, printable
+from .texts import clip
 
 HELP = """Commands (SESSION is optional: the primary session by default):
 /status [SESSION] - state, iteration, tasks, pending questions
@@ -169,29 +170,31 @@ class Commands:
         t = v["tasks"]
         lines = [f"Session {sid}, iteration {v['iteration']} ({v['state']}): {t['completed']} "
                  f"done, {t['failed']} failed, {t['pending']} pending of {t['total']}"]
-        lines += [f"[{x['marker']}] {x['id']}: {x['title']} (batch {x['batch']})"
-                  + (f" - {x['note']}" if x["note"] else "") for x in v["current_tasks"]]
+        lines += [f"[{field(x['marker'])}] {field(x['id'])}: {printable(x['title'])} "
+                  f"(batch {x['batch']})" + (f" - {printable(x['note'])}" if x["note"] else "")
+                  for x in v["current_tasks"]]
         if not v["current_tasks"]:
             lines.append("No tasks planned yet in this iteration.")
         return clip("\n".join(lines))
 
     def tail(self, sid, rest) -> str:
-        from session_store import read_events
+        from session_store import tail_events
         sid, why = self._pick(sid)
         if why:
             return why
-        count = int(rest.split()[0]) if rest.split() and rest.split()[0].isdigit() else 10
-        count = max(1, min(count, 50))
+        word = (rest.split() or [""])[0]
+        count = max(1, min(int(word), 50)) if word.isdecimal() and len(word) < 5 else 10
         try:
             session = load(self.ws, sid)
         except BadInput as e:
             return str(e)
-        records, _ = read_events(session.dir)
-        lines = [f"Last {min(count, len(records))} events of session {sid}:"]
-        for e in records[-count:]:
-            payload = "" if e.get("payload") in (None, "", {}) else " " + short(e["payload"])
-            lines.append(f"#{e['seq']} {str(e.get('ts', ''))[11:19]} {e.get('source')} "
-                         f"{e['topic']}{payload}")
+        records = tail_events(session.dir, count)
+        lines = [f"Last {len(records)} events of session {sid}:"]
+        for e in records:
+            payload = e.get("payload")
+            shown = "" if payload in (None, "", {}) else " " + excerpt(payload, 80)
+            lines.append(f"#{field(e.get('seq'), text=False)} {clock(e, 8)} {author(e)} "
+                         f"{field(e.get('topic'))}{shown}")
         return clip("\n".join(lines))
 
     def _signal(self, sid, kind: str, message: str, done: str) -> str:

@@ -43,7 +43,7 @@ class Look:
     session: str
     to_send: list = field(default_factory=list)       # questions.Question
     settled: list = field(default_factory=list)       # question ids nobody needs to send
-    notices: list = field(default_factory=list)       # (seq, text)
+    notices: list = field(default_factory=list)       # (seq, texts.Message)
     offset: int | None = None                 # the bus read up to here
 
 
@@ -66,7 +66,7 @@ class Outbox:
         self._settled: set[tuple[str, str]] = set()   # questions sent, failed or resolved
         self._sending: set[tuple[str, str]] = set()
         self._read: dict[str, int] = {}               # session -> bus offset read so far
-        self._notices: collections.deque = collections.deque()   # (session, seq, text)
+        self._notices: collections.deque = collections.deque()   # (session, seq, Message)
         self._outstanding: collections.Counter = collections.Counter()
         self._notice_ready = asyncio.Event()
         self._notice_sending: asyncio.Future | None = None   # the notice being sent now

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Awaitable, Callable
 
 from .settings import Log
-from .texts import clip
+from .texts import Message
 
 BACKOFF = (1.0, 2.0, 4.0)   # a failed send is retried after 1 s, 2 s and 4 s
 
@@ -60,16 +60,22 @@ class Transport:
         return await self.bot.get_updates(offset=offset, timeout=timeout,
                                           allowed_updates=["message"])
 
-    async def send(self, chat: int, text: str, *, reply_to: int | None = None,
+    async def send(self, chat: int, message: Message | str, *, reply_to: int | None = None,
                    force_reply: bool = False,
                    still_wanted: Callable[[], Awaitable[bool]] | None = None,
                    retries: bool = True):
-        """Send one message, with the retries. The Message, or None when it failed for
-        good, the bot is stopping, or `still_wanted()` says it is no longer wanted."""
-        from telegram import ForceReply, ReplyParameters
+        """Send one message (a plain text is escaped and clipped here), with the retries.
+        The Bot API's Message, or None when it failed for good, the bot is stopping, or
+        `still_wanted()` says it is no longer wanted."""
+        from telegram import ForceReply, MessageEntity, ReplyParameters
         from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter
         delays = list(BACKOFF) if retries else []
+        if isinstance(message, str):
+            message = Message.plain(message)
         kwargs = {}
+        if message.quote is not None:
+            offset, length = message.quote
+            kwargs["entities"] = [MessageEntity(MessageEntity.BLOCKQUOTE, offset, length)]
         if force_reply:
             kwargs["reply_markup"] = ForceReply(input_field_placeholder="Your answer")
         if reply_to is not None:
@@ -77,7 +83,7 @@ class Transport:
                                                          allow_sending_without_reply=True)
         while True:
             try:
-                return await self.bot.send_message(chat_id=chat, text=clip(text), **kwargs)
+                return await self.bot.send_message(chat_id=chat, text=message.text, **kwargs)
             except asyncio.CancelledError:
                 raise
             except RetryAfter as e:

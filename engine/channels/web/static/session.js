@@ -1,7 +1,7 @@
 // One session: where it stands, its questions, the controls, the diagram, progress per
 // iteration, the live events, its notes and the agents' logs.
-import { ago, api, badge, clock, engineOf, follow, h, money, notice, payloadText, tasksText,
-         tokens, until } from "./util.js";
+import { ago, api, badge, clock, engineOf, follow, h, money, notice, payloadText, printable,
+         tasksText, tokens, until } from "./util.js";
 
 const SIGNALS = [
   ["steer", "Steer", "guidance for the next prompt of the chosen role (with 'interrupt': now)"],
@@ -87,15 +87,15 @@ function questionCard(base, q) {
     el.querySelectorAll("button").forEach((b) => { b.disabled = false; });
     if (r.ok) {
       el.classList.add("answered");
-      result.textContent = `Answered: ${r.data.outcome}`;
+      result.textContent = printable(`Answered: ${r.data.outcome}`);
       notice(`Answered ${q.id}: ${r.data.outcome}`);
     } else if (r.status === 409 && r.data.answered_by) {
       el.classList.add("late");
-      result.textContent = `Already answered (${r.data.answered_by}): ${r.data.answer}`
-        + " — your answer changed nothing.";
+      result.textContent = printable(`Already answered (${r.data.answered_by}): ${r.data.answer}`
+        + " — your answer changed nothing.");
       notice(`Question ${q.id} was already answered: your answer changed nothing.`, "warn");
     } else {
-      result.textContent = r.data.error;
+      result.textContent = printable(r.data.error);
     }
   };
   el = h("article", { class: "question card", dataset: { question: q.id, shownAt: Date.now() } },
@@ -129,7 +129,7 @@ function controlsPanel(base) {
       message.value = "";
       notice(`${r.data.type} sent: the engine takes it within a second.`);
     } else {
-      result.textContent = r.data.error;
+      result.textContent = printable(r.data.error);
     }
   };
   const buttons = SIGNALS.map(([type, label, hint]) => h("button", {
@@ -175,7 +175,7 @@ function resumePanel(base) {
         + ` (its output: ${r.data.log})`;
       message.value = "";
     } else {
-      result.textContent = r.data.error;
+      result.textContent = printable(r.data.error);
     }
   };
   const el = h("section", { id: "resume", class: "card", hidden: true },
@@ -185,9 +185,9 @@ function resumePanel(base) {
     result);
   return { el, update(v) {
     el.hidden = v.running || !(v.status === "paused" || v.status === "active");
-    reason.textContent = v.status === "paused"
+    reason.textContent = printable(v.status === "paused"
       ? `Paused${v.pause_kind ? ` (${v.pause_kind})` : ""}: ${v.pause_reason || "no reason given"}`
-      : "No engine runs this session (it was interrupted): resume it to go on.";
+      : "No engine runs this session (it was interrupted): resume it to go on.");
     iterations.placeholder = `now ${v.limits.max_iterations}`;
     runtime.placeholder = `now ${Math.round(v.limits.max_runtime_seconds)}`;
     cost.placeholder = v.limits.max_cost_usd === null ? "none" : `now ${v.limits.max_cost_usd}`;
@@ -283,12 +283,12 @@ export function sessionPage(main, sid) {
     logTitle.textContent = `Iteration ${n}: ${name} (loading…)`;
     const r = await api(`${base}/iterations/${n}/logs/${encodeURIComponent(name)}`);
     if (!r.ok) {
-      logTitle.textContent = r.data.error;
+      logTitle.textContent = printable(r.data.error);
       return;
     }
     logTitle.textContent = `Iteration ${n}: ${name} (${r.data.size} bytes`
       + `${r.data.truncated ? ", its end shown" : ""})`;
-    log.textContent = r.data.text || "(empty)";
+    log.textContent = printable(r.data.text || "(empty)");
     log.hidden = false;
   }
 
@@ -327,7 +327,7 @@ export function sessionPage(main, sid) {
     controls.update(view);
     resume.update(view);
     usage.replaceChildren(...usageOf(view).flat().filter(Boolean));
-    scratchpad.textContent = snap.scratchpad || "(empty)";
+    scratchpad.textContent = printable(snap.scratchpad || "(empty)");
     guidance.replaceChildren(...(snap.guidance.length ? snap.guidance.map((g) =>
       h("li", {}, `${g.type === "EVENT" ? g.topic : g.type} for ${g.target}`
         + `${g.task ? ` on ${g.task}` : ""}: `

@@ -23,6 +23,21 @@ function headers(extra = {}) {
   return token ? { ...extra, "X-Ralph-Token": token } : extra;
 }
 
+// Control and bidi characters (an agent may write them: ESC, U+202E that shows text in
+// another order than it was written) are shown as escapes, "\x1b", "\u202e", as the
+// terminal views show them (engine/safe_text.py). Newlines and tabs are kept.
+const UNSAFE = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g;
+
+export function printable(text) {
+  return String(text).replace(UNSAFE, (c) => {
+    const code = c.charCodeAt(0);
+    if (c === "\r") return "\\r";
+    return code < 0x100 ? `\\x${code.toString(16).padStart(2, "0")}`
+      : `\\u${code.toString(16).padStart(4, "0")}`;
+  });
+}
+
+// Every text and attribute goes through printable: no data reaches the page unescaped.
 export function h(tag, props = {}, ...kids) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(props || {})) {
@@ -30,11 +45,11 @@ export function h(tag, props = {}, ...kids) {
     if (key === "class") el.className = value;
     else if (key === "dataset") Object.assign(el.dataset, value);
     else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
-    else el.setAttribute(key, value === true ? "" : value);
+    else el.setAttribute(key, value === true ? "" : printable(value));
   }
   for (const kid of kids.flat(Infinity)) {
     if (kid === null || kid === undefined || kid === false) continue;
-    el.append(kid instanceof Node ? kid : String(kid));
+    el.append(kid instanceof Node ? kid : printable(kid));
   }
   return el;
 }
@@ -121,7 +136,7 @@ export function follow(path, handlers) {
 
 export function notice(text, kind = "ok") {
   const el = document.getElementById("notice");
-  el.textContent = text;
+  el.textContent = printable(text);
   el.className = kind;
   el.hidden = false;
   clearTimeout(notice.timer);
@@ -175,7 +190,7 @@ export function engineOf(v) {
 
 export function payloadText(e) {
   const p = e.payload;
-  if (e.topic === "session.transition" && p && typeof p === "object") {
+  if (e.topic === "session.transition" && e.source === "engine" && p && typeof p === "object") {
     return `${p.from} → ${p.to} (${p.trigger}${p.reason ? ": " + p.reason : ""})`;
   }
   if (p === null || p === undefined) return "";
