@@ -199,3 +199,27 @@ def test_links_planted_in_the_work_area_lead_the_engine_nowhere(workspace, outsi
     assert r2.returncode == 0
     assert tree(outside) == before
     assert metadata(session_dir(workspace, "h"))["status"] == "completed"
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "unreadable"])
+def test_a_damaged_config_snapshot_refuses_to_resume(workspace, damage):
+    """An emptied snapshot resumed silently on the demo agent (its defaults) and marked the
+    session completed: now resume refuses in one line, and nothing changes."""
+    r = ralph(workspace, "session", "start", "obj", "--id", "s", "--max-iterations", "1",
+              env=base_env(**FAST))
+    assert r.returncode == 5, r.stdout + r.stderr
+    snapshot = session_dir(workspace, "s") / "config.yaml"
+    if damage == "empty":
+        snapshot.write_text("")
+    elif damage == "missing":
+        snapshot.unlink()
+    else:
+        snapshot.unlink()
+        snapshot.mkdir()
+    before = metadata(session_dir(workspace, "s"))
+    r = ralph(workspace, "session", "resume", "s", "--max-iterations", "3",
+              env=base_env(**FAST))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "config snapshot" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+    assert metadata(session_dir(workspace, "s")) == before
