@@ -32,6 +32,7 @@ def web(workspace):
 # --- test artefacts (the browser tests' screenshots), listed at the end of the run ---
 
 ARTIFACTS = pytest.StashKey[list]()
+STATE = pytest.StashKey[str]()   # the state directory this run made (removed at its end)
 
 
 def artifacts_dir() -> Path:
@@ -50,7 +51,15 @@ def pytest_configure(config):
     # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart
     if not os.environ.get("RALPH_STATE_DIR"):
         import tempfile
-        os.environ["RALPH_STATE_DIR"] = tempfile.mkdtemp(prefix="ralph-state-")
+        os.environ["RALPH_STATE_DIR"] = config.stash[STATE] = tempfile.mkdtemp(
+            prefix="ralph-state-")
+
+
+def pytest_unconfigure(config):
+    made = config.stash.get(STATE, None)
+    if made:
+        import shutil
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, config):
