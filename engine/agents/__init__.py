@@ -12,7 +12,7 @@ import shutil
 import sys
 
 from ..config import AgentConfig, Backend, PromptMode
-from . import containment
+from .. import containment
 from .presets import PRESETS, Command, McpServer, Preset, RunReport, RunSetup
 from .process import CommandAgent, Invocation, Outcome
 
