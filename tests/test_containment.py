@@ -476,6 +476,7 @@ def started_until_ready(ws: Path, sid: str, **env) -> subprocess.Popen:
     return engine
 
 
+@pytest.mark.slow   # it waits out the grace, as it must
 def test_kill_9_of_the_engine_stops_every_process_of_its_run_without_resume(workspace):
     ws = workspace
     setup(ws, TRAPPING)
@@ -1114,7 +1115,8 @@ def test_every_process_of_a_run_is_known_as_the_runs_however_it_hides(workspace)
         # a process carrying a run's marks is taken at its word (only a run sets them)
         claims = subprocess.Popen(["sleep", "300"], env=base_env(RALPH_RUN_ID="r9",
                                                                  RALPH_SESSION_DIR=sd))
-        try:
+        try:   # once exec'd whole (its environment is there when its command line is)
+            wait_for(lambda: Path(f"/proc/{claims.pid}/cmdline").read_bytes())
             assert str(containment.agent_run_of(claims.pid)) == \
                 f"agent run r9 of the session in {sd} (by its marks)"
         finally:

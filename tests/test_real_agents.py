@@ -139,11 +139,14 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
     assert metadata(sd)["status"] == "aborted"
 
 
-def processes_of_the_run(pid: int) -> dict[tuple[int, int], str]:
-    """Every process of the agent run that process `pid` is part of (its supervisor's
-    tree, the supervisor too), by identity: (pid, start time) -> command line."""
+def processes_of_the_run(session_dir) -> dict[tuple[int, int], str]:
+    """Every process of the session's agent run (its supervisor's tree, the supervisor
+    too), by identity: (pid, start time) -> command line."""
     from engine import containment, procfs
-    supervisor = containment.agent_run_of(pid).supervisor
+    [supervisor] = [p for p in procfs.pids()
+                    if procfs.comm(p) == containment.SUPERVISOR_NAME and
+                    procfs.environ(p, (containment.SESSION_MARK,)).get(
+                        containment.SESSION_MARK) == str(session_dir)]
     kids: dict[int, list[int]] = {}
     for child, parent in procfs.live_parents().items():
         kids.setdefault(parent, []).append(child)
@@ -174,10 +177,11 @@ def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig
     r = rig(Sleepy(60))
     engine = r.start()
     sd = r.session_dir()
-    sleeping = wait_for_process(sd, "sleep 60")
+    wait_for_process(sd, "sleep 60")
     # the shell and its sleep noted (the shell's command line names the sleep already)
     wait_for(lambda: len(read_if_there(r.ws / "pids.txt").splitlines()) == 2, timeout=30)
-    run = processes_of_the_run(sleeping)
+    run = processes_of_the_run(sd)
+    assert any(cmd.startswith("sleep 60") for cmd in run.values()), run
     # the CLI itself is there (codex: its node wrapper, the native binary, `ralph mcp`)
     assert any(f"/{r.cli}" in cmd for cmd in run.values()), run
     dead_run = next(p.name[:-len(".prompt.md")] for p in
