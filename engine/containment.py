@@ -5,41 +5,57 @@ of its own, codex runs commands in PTYs behind a node wrapper, and a tool may ca
 `setsid` or double-fork. What every descendant keeps is its environment, so each run is
 marked there (RUN_MARK and the session directory, set by the runner), and a run's
 processes are those carrying its mark plus the descendants of its first process (in
-case one cleared its environment). The engine is also a child subreaper: a process that
-both clears its environment and double-forks is adopted by the engine rather than by
-init, and found among its children. After a `kill -9` of the engine, the next start
-finds what the dead engine's runs left by the session's mark. Linux (/proc, prctl).
+case one cleared its environment). That first process is the run's supervisor
+(engine/supervisor.py), a child subreaper: a process that both clears its environment
+and double-forks is adopted by it rather than by init, so every process of the run
+descends from it (`agent_run_of` finds it so), and it stops the run when the engine dies.
+The engine is a subreaper too, for what a killed supervisor leaves; the next start finds
+what outlived both by the session's mark. Linux (/proc, prctl).
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
 import time
+from collections import namedtuple
 from contextlib import contextmanager
 
-from .procfs import proc_state
+from . import procfs
 
 RUN_MARK = "RALPH_RUN_ID"
 SESSION_MARK = "RALPH_SESSION_DIR"
 GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
+SUPERVISOR_NAME = "ralph-run"   # a run's supervisor names itself so (prctl PR_SET_NAME)
 _spared: set[int] = set()   # children the engine started itself (a resume from a channel)
 _spawning = threading.Lock()   # held while such a child is started and spared
 _adopting = False           # this process is the reaper of its orphaned descendants
 
 
 def adopt_orphans() -> bool:
-    """Make this process (the engine) the reaper of its orphaned descendants, so that
-    nothing an agent run starts can slip out of its tree. False where it cannot."""
+    """Make this process (the engine, a run's supervisor) the reaper of its orphaned
+    descendants, so that nothing an agent run starts can slip out of its tree. False
+    where it cannot."""
     global _adopting
-    try:
-        _adopting = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
-    except (OSError, AttributeError):
-        _adopting = False
+    _adopting = prctl(_PR_SET_CHILD_SUBREAPER, 1)
     return _adopting
+
+
+_libc_prctl = None   # looked up once: a child between fork and exec only calls it
+
+
+def prctl(option: int, arg) -> bool:
+    """prctl(2) through libc; False where it fails or is not there."""
+    global _libc_prctl
+    if _libc_prctl is None:
+        import ctypes   # here: a verb asking `agent_run_of` needs none of it
+        try:
+            _libc_prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _libc_prctl = False
+    return bool(_libc_prctl) and _libc_prctl(option, arg) == 0
 
 
 @contextmanager
@@ -62,11 +78,10 @@ def reap_orphans(root: int | None = None) -> None:
         return
     me = os.getpid()
     with _spawning:
-        for name in os.listdir("/proc"):
-            pid = int(name) if name.isdigit() else None
-            if pid is None or pid == root or pid in _spared:
+        for pid in procfs.pids():
+            if pid == root or pid in _spared:
                 continue
-            state = proc_state(pid)
+            state = procfs.proc_state(pid)
             if state is not None and state[0] == "Z" and state[1] == me:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -74,33 +89,15 @@ def reap_orphans(root: int | None = None) -> None:
                     pass
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a live process, None if it is gone or a zombie."""
-    state = proc_state(pid)
-    if state is None or state[0] == "Z":
-        return None
-    return state[1], state[2]
-
-
 def _table() -> dict[int, int]:
     """pid -> parent pid of every live (not zombie) process but this one."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := _stat(int(name))) is not None:
-            table[int(name)] = stat[0]
+    table = procfs.live_parents()
     table.pop(os.getpid(), None)
     return table
 
 
-def _marks(pid: int) -> dict[bytes, bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
-    except OSError:       # gone, or not ours to read
-        return {}
-    wanted = (RUN_MARK.encode() + b"=", SESSION_MARK.encode() + b"=")
-    return dict(item.split(b"=", 1) for item in environ.split(b"\0")
-                if item.startswith(wanted))
+def _marks(pid: int) -> dict[str, str]:
+    return procfs.environ(pid, (RUN_MARK, SESSION_MARK))
 
 
 def children() -> set[int]:
@@ -116,20 +113,21 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
          before: frozenset[int] = frozenset()) -> set[int]:
     """The live processes of agent run `run` of the session (of any of its runs when
     `run` is None), and the descendants of `root`; with `root`, also the orphans this
-    engine adopted during the run (children it did not have `before` it, other than
-    `root`: the run is the only one it has) and their descendants."""
+    process adopted during the run (children it did not have `before` it, other than
+    `root`: the run is the only one it has) and their descendants. `root` may be this
+    process itself (a supervisor: the run is its whole tree), which is never found."""
     table = _table()
     found = set()
     session = os.path.realpath(session_dir)
-    real: dict[bytes, str] = {}   # the same session may be named through a symlink
+    real: dict[str, str] = {}   # the same session may be named through a symlink
     for pid in table:
         marks = _marks(pid)
-        named = marks.get(SESSION_MARK.encode())
-        if named is None or RUN_MARK.encode() not in marks or \
-                (run is not None and marks[RUN_MARK.encode()] != run.encode()):
+        named = marks.get(SESSION_MARK)
+        if named is None or RUN_MARK not in marks or \
+                (run is not None and marks[RUN_MARK] != run):
             continue
         if named not in real:
-            real[named] = os.path.realpath(os.fsdecode(named))
+            real[named] = os.path.realpath(named)
         if real[named] == session:
             found.add(pid)
     if root is not None:
@@ -150,8 +148,8 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
 
 def _ours(pid: int, session: str) -> bool:
     """An adopted orphan counts as the run's unless another session's run marked it."""
-    named = _marks(pid).get(SESSION_MARK.encode())
-    return named is None or os.path.realpath(os.fsdecode(named)) == session
+    named = _marks(pid).get(SESSION_MARK)
+    return named is None or os.path.realpath(named) == session
 
 
 def stop(find_them, grace: float = GRACE_SECONDS) -> int:
@@ -164,10 +162,10 @@ def stop(find_them, grace: float = GRACE_SECONDS) -> int:
     def look() -> list[int]:
         """Add what is found now; return the known processes still alive."""
         for pid in find_them():
-            if pid not in known and (stat := _stat(pid)) is not None:
+            if pid not in known and (stat := procfs.live(pid)) is not None:
                 known[pid] = stat[1]
         return [pid for pid, start in known.items()
-                if (stat := _stat(pid)) is not None and stat[1] == start]
+                if (stat := procfs.live(pid)) is not None and stat[1] == start]
 
     alive = look()
     first = len(alive)
@@ -197,30 +195,31 @@ def _send(pids, sig) -> None:
             pass
 
 
-class AgentRun:
-    """The agent run a process is part of, as the marks of its nearest marked ancestor say."""
-
-    def __init__(self, run_id: str | None, session_dir: str | None):
-        self.supervisor = None
-        self.run_id = run_id
-        self.session_dir = session_dir
+class AgentRun(namedtuple("AgentRun", "supervisor run_id session_dir")):
+    """The agent run a process is part of, as its supervisor's marks say (or, where no
+    supervisor is in sight, the marks of the nearest process that carries them):
+    the supervisor's pid when in sight, the run's id (e.g. 0003-executor-t1; None when
+    the marks are not readable) and the directory its session works in."""
+    __slots__ = ()
 
     def __str__(self) -> str:
         where = f" of the session in {self.session_dir}" if self.session_dir else ""
-        return f"agent run {self.run_id or '?'}{where}"
+        by = f"supervisor pid {self.supervisor}" if self.supervisor else "by its marks"
+        return f"agent run {self.run_id or '?'}{where} ({by})"
 
 
 def agent_run_of(pid: int | None = None) -> AgentRun | None:
-    """The agent run process `pid` (default: this one) is part of, or None."""
-    pid = os.getpid() if pid is None else pid
-    while pid > 1:
-        marks = _marks(pid)
-        if RUN_MARK.encode() in marks:
-            session = marks.get(SESSION_MARK.encode())
-            return AgentRun(marks[RUN_MARK.encode()].decode(errors="replace"),
-                            session.decode(errors="replace") if session else None)
-        state = proc_state(pid)
-        if state is None:
-            return None
-        pid = state[1]
-    return None
+    """The agent run that process `pid` (default: this one) is part of, or None outside
+    every run; /proc reads only. However it hides (a cleared environment, `setsid`, a
+    double fork), every process of a run descends from the run's supervisor, which adopts
+    the run's orphans and whose name none of them can change. Inside a sandbox's own PID
+    namespace (codex's bwrap), where no ancestor outside it is in sight, the run's marks
+    in the environment of the process or of an ancestor (which it cannot change) tell."""
+    marked = None
+    for ancestor in procfs.lineage(procfs.own_pid() if pid is None else pid):
+        if procfs.comm(ancestor) == SUPERVISOR_NAME:
+            marks = _marks(ancestor)
+            return AgentRun(ancestor, marks.get(RUN_MARK), marks.get(SESSION_MARK))
+        if marked is None and RUN_MARK in (marks := _marks(ancestor)):
+            marked = AgentRun(None, marks[RUN_MARK], marks.get(SESSION_MARK))
+    return marked

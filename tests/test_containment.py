@@ -5,7 +5,8 @@ Every session here is the real `ralph` run as a subprocess, with stand-in agents
 a session of its own (`setsid`), double-fork a daemon, run behind a shell wrapper, trap
 SIGTERM to save their work (and try to emit while they do). No mocks: the processes are
 real, and are looked for in /proc, by the marks every run carries in its environment
-(RALPH_RUN_ID, RALPH_SESSION_DIR), with `engine.agents.containment.find`.
+(RALPH_RUN_ID, RALPH_SESSION_DIR), with `engine.containment.find`. Every run runs under
+its supervisor (engine/supervisor.py), which stops the run should its engine die.
 
 Each agent records the processes it starts as `<pid> <starttime>` (field 22 of
 /proc/<pid>/stat), so a pid reused meanwhile is never taken for the process it was.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from support import (EVIDENCE, FAST, RALPH, base_env, events, finish, metadata, only_session,
-                     progress_markers, ralph, session_dirs, spawn, wait_for, work_dir,
-                     write_config)
-from engine.agents import containment
+from support import (EVIDENCE, FAST, RALPH, REPO, base_env, events, finish, metadata,
+                     only_session, progress_markers, ralph, session_dirs, spawn, wait_for,
+                     work_dir, write_config)
+from engine import containment
 from engine.agents.presets import Claude, Codex, RunSetup
 
 # What every stand-in agent shares (written to the workspace as agentlib.py; the agents
@@ -112,6 +114,19 @@ AGENTLIB = textwrap.dedent('''
         os.close(r)
         os.waitpid(pid, 0)
         return daemon
+
+    def envless_daemon(name, *argv):
+        """Double-forked, in a session of its own, its environment cleared: no mark, and
+        nobody's child but the subreaper's. Its pid recorded as `name`."""
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                record(name, os.getpid())
+                os.execvp("env", ["env", "-i", *argv])
+            os._exit(0)
+        os.waitpid(pid, 0)
+        wait_file(name)
 ''') % EVIDENCE
 
 
@@ -132,9 +147,9 @@ def start(ws: Path, sid: str, **kw):
                  env=base_env(**FAST), timeout=60, **kw)
 
 
-def spawn_start(ws: Path, sid: str) -> subprocess.Popen:
+def spawn_start(ws: Path, sid: str, **env) -> subprocess.Popen:
     return spawn(ws, "session", "start", "contain every agent process", "--id", sid,
-                 env=base_env(**FAST))
+                 env=base_env(**FAST, **env))
 
 
 def recorded(ws: Path, name: str) -> tuple[int, str]:
@@ -441,45 +456,192 @@ def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-# --- 5. kill -9 of the engine: what its run left is stopped by the next start ---
+# --- 5. kill -9 of the engine: its run's supervisor stops the run, no resume needed ---
 
-def test_what_a_killed_engines_run_left_is_stopped_on_resume(workspace):
-    ws = workspace
-    setup(ws, '''
-        if ROLE == "executor" and not os.path.exists(path("ready")):
-            record("grandchild.pid", setsid_sleep(300))
-            record("agent.pid", os.getpid())
-            mark("ready")
-            time.sleep(60)
-            sys.exit("the engine should have died first")
-        normal()
-    ''')
-    engine = spawn_start(ws, "k1")
+RUN_PROCESSES = ("agent.pid", "grandchild.pid", "daemon.pid", "envless.pid")  # TRAPPING's
+
+
+def kill_9(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.communicate()
+
+
+def started_until_ready(ws: Path, sid: str, **env) -> subprocess.Popen:
+    """A session whose executor is `ready` (killed if it never gets there)."""
+    engine = spawn_start(ws, sid, **env)
     try:
         wait_for(lambda: (ws / "ready").exists(), timeout=20)
+    except BaseException:
+        kill_9(engine)
+        raise
+    return engine
+
+
+@pytest.mark.slow   # it waits out the grace, as it must
+def test_kill_9_of_the_engine_stops_every_process_of_its_run_without_resume(workspace):
+    ws = workspace
+    setup(ws, TRAPPING)
+    kill_9(started_until_ready(ws, "k1"))
+    procs = [recorded(ws, name) for name in RUN_PROCESSES]
+    supervisor = recorded(ws, "supervisor.pid")
+    try:
+        sd = only_session(ws)
+        run = (ws / "executor.run").read_text()
+        assert procs[3][0] not in marked(sd)           # only the tree has it
+        # within the grace (and a little): nothing of the run is left, no resume asked
+        wait_for(lambda: not [p for p in procs + [supervisor] if alive(p)],
+                 timeout=containment.GRACE_SECONDS + 3)
+        assert (ws / "term.txt").read_text() == "saved"   # SIGTERM first, then the grace
+        assert marked(sd) == set()
+        [stderr] = (sd / "iterations/1/logs").glob(f"{run}.stderr")
+        assert f"ralph: stopped 4 process(es) of run {run}: its engine is gone" in \
+            stderr.read_text()
+        r = ralph(ws, "session", "resume", "k1", env=base_env(**FAST), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "left by an earlier engine" not in r.stdout
+        assert metadata(sd)["status"] == "completed"
+        assert progress_markers(sd) == {"1": {"t1": "x"}}
+        # the task ran again as a new run: nothing of the killed one is heard as the new one's
+        assert runs_of(sd, "executor-t1")[0] == run and len(runs_of(sd, "executor-t1")) == 2
+        [built] = [e for e in events(sd) if e["topic"] == "build.done"]
+        assert built["run"] == runs_of(sd, "executor-t1")[1]
     finally:
-        engine.kill()
-        engine.communicate()
-    grandchild, agent = recorded(ws, "grandchild.pid"), recorded(ws, "agent.pid")
-    sd = only_session(ws)
-    # the agent dies with its engine (PR_SET_PDEATHSIG); its setsid'ed grandchild does not
-    wait_for(lambda: not alive(agent), timeout=5)
-    time.sleep(0.2)
-    assert alive(grandchild)
-    [killed_run] = runs_of(sd, "executor-t1")
-    assert grandchild[0] in marked(sd, killed_run)
-    r = ralph(ws, "session", "resume", "k1", env=base_env(**FAST), timeout=60)
+        for p in procs + [supervisor]:
+            kill_if_alive(p)
+
+
+def kill_9_engine_and_supervisor(engine: subprocess.Popen, ws: Path) -> None:
+    """Both at once (the OOM killer may take both): stopped first, so that neither sees
+    the other die and stops the run."""
+    supervisor = recorded(ws, "supervisor.pid")
+    for pid in (engine.pid, supervisor[0]):
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(supervisor[0], signal.SIGKILL)
+    kill_9(engine)
+    wait_for(lambda: not alive(supervisor), timeout=5)
+
+
+def test_what_outlived_its_engine_and_its_supervisor_is_stopped_on_resume(workspace):
+    ws = workspace
+    setup(ws, TRAPPING)
+    kill_9_engine_and_supervisor(started_until_ready(ws, "k2"), ws)
+    agent, grandchild, daemon, envless = (recorded(ws, name) for name in RUN_PROCESSES)
+    try:
+        sd = only_session(ws)
+        # the agent dies with its supervisor (PR_SET_PDEATHSIG); what it started does not
+        wait_for(lambda: not alive(agent), timeout=5)
+        time.sleep(0.2)
+        assert alive(grandchild) and alive(daemon)
+        [killed_run] = runs_of(sd, "executor-t1")
+        assert marked(sd, killed_run) >= {grandchild[0], daemon[0]}
+        r = ralph(ws, "session", "resume", "k2", env=base_env(**FAST), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # found by their mark (the one without was init's: out of every tree)
+        assert "stopped 2 process(es) left by an earlier engine's agent runs" in r.stdout
+        assert not alive(grandchild) and not alive(daemon)
+        assert marked(sd) == set()
+        assert metadata(sd)["status"] == "completed"
+    finally:
+        for p in (grandchild, daemon, envless):
+            kill_if_alive(p)
+
+
+# --- the supervisor between the engine and the agent: what passes through it ---
+
+PASSED = """
+import os, signal, sys
+prompt = sys.stdin.read()
+parent = open("/proc/%d/comm" % os.getppid()).read().strip()
+print("prompt: " + prompt.upper() + ", under " + parent + ", in " + os.getcwd())
+print("a line on stderr", file=sys.stderr)
+sys.stdout.flush()
+if prompt == "crash":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(len(prompt))
+"""
+
+
+@pytest.mark.parametrize("prompt, code", [("hello", 5), ("crash", -9)])
+def test_the_agents_stdin_streams_and_exit_code_pass_through_its_supervisor(
+        tmp_path, prompt, code):
+    from engine.agents import CommandAgent, Invocation
+    from engine.agents.presets import Command
+    from engine.config import PromptMode
+    (tmp_path / "agent.py").write_text(PASSED)
+    (tmp_path / "logs").mkdir()
+    agent = CommandAgent(Command([sys.executable, str(tmp_path / "agent.py")],
+                                 PromptMode.STDIN))
+    env = base_env(RALPH_RUN_ID="r1", RALPH_SESSION_DIR=tmp_path)
+    outcome = agent.run(Invocation(role="executor", prompt=prompt, env=env,
+                                   cwd=str(tmp_path), log_base=str(tmp_path / "logs/r1"),
+                                   timeout=30))
+    assert outcome.exit_code == code
+    assert outcome.stdout == (f"prompt: {prompt.upper()}, under "
+                              f"{containment.SUPERVISOR_NAME}, in {tmp_path}\n")
+    assert outcome.stderr_tail == "a line on stderr"
+    assert not outcome.timed_out and outcome.stopped is None and outcome.left_behind == 0
+
+
+def test_an_agent_that_exits_at_once_is_heard_at_once(tmp_path):
+    """`true` and `false` exit before the supervisor looks: their codes still arrive (a
+    Popen object dropped at once reaped them behind the supervisor's back)."""
+    from engine.agents import CommandAgent, Invocation
+    from engine.agents.presets import Command
+    from engine.config import PromptMode
+    (tmp_path / "logs").mkdir()
+    env = base_env(RALPH_RUN_ID="r1", RALPH_SESSION_DIR=tmp_path)
+    for n in range(20):
+        program, code = ("true", 0) if n % 2 else ("false", 1)
+        outcome = CommandAgent(Command([program], PromptMode.STDIN)).run(Invocation(
+            role="executor", prompt="", env=env, cwd=str(tmp_path),
+            log_base=str(tmp_path / f"logs/{n:04d}"), timeout=30))
+        assert (outcome.exit_code, outcome.timed_out) == (code, False), (n, outcome)
+
+
+def test_an_agent_that_kills_its_supervisor_ends_its_run_and_leaves_nothing(workspace):
+    ws = workspace
+    setup(ws, """
+        import signal
+        if ROLE == "executor" and not os.path.exists(path("ready")):
+            record("grandchild.pid", setsid_sleep(300))
+            record("supervisor.pid", os.getppid())
+            mark("ready")
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)     # killed with its supervisor (PR_SET_PDEATHSIG)
+            sys.exit("outlived its supervisor")
+        normal()
+    """)
+    r = start(ws, "ks")
+    grandchild = recorded(ws, "grandchild.pid")
+    try:
+        # the grandchild, the engine's once its supervisor died, went with the run
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not alive(grandchild) and not alive(recorded(ws, "supervisor.pid"))
+        # (the agent too, when the engine looks before its PR_SET_PDEATHSIG landed)
+        assert re.search(r"stopped [12] process\(es\) the executor's run left running",
+                         r.stdout), r.stdout
+        sd = only_session(ws)
+        assert len(runs_of(sd, "executor-t1")) == 2   # the killed run failed: once more
+        assert marked(sd) == set()
+    finally:
+        kill_if_alive(grandchild)
+
+
+def test_an_engine_package_planted_in_the_workspace_never_runs_as_a_supervisor(workspace):
+    ws = workspace
+    setup(ws, """
+        os.chdir("/")   # its own `python -m engine emit`: not from what it plants
+        if ROLE == "planner" and not os.path.exists(path("engine")):
+            os.mkdir(path("engine"))
+            open(path("engine/__init__.py"), "w").close()
+            with open(path("engine/supervisor.py"), "w") as f:
+                f.write("open(%r, 'w').write('ran')" % path("planted.ran"))
+        normal()
+    """)
+    r = start(ws, "pl")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopped 1 process(es) left by an earlier engine's agent runs" in r.stdout
-    assert not alive(grandchild)
-    assert marked(sd) == set()
-    assert metadata(sd)["status"] == "completed"
-    assert progress_markers(sd) == {"1": {"t1": "x"}}
-    # the task ran again as a new run: nothing of the killed one is heard as the new one's
-    assert runs_of(sd, "executor-t1")[0] == killed_run
-    assert len(runs_of(sd, "executor-t1")) == 2
-    [built] = [e for e in events(sd) if e["topic"] == "build.done"]
-    assert built["run"] == runs_of(sd, "executor-t1")[1]
+    assert (ws / "engine/supervisor.py").exists()
+    assert not (ws / "planted.ran").exists()
 
 
 # --- 6. an agent that cannot run here is refused before any session exists ---
@@ -689,7 +851,10 @@ TRAPPING = """
         signal.signal(signal.SIGTERM, saved)
         record("grandchild.pid", setsid_sleep(300))
         record("daemon.pid", daemon_sleep(301))
+        envless_daemon("envless.pid", "sleep", "302")
         record("agent.pid", os.getpid())
+        record("supervisor.pid", os.getppid())
+        mark("executor.run", ENV["RALPH_RUN_ID"])
         mark("ready")
         time.sleep(60)
         sys.exit("never stopped")
@@ -699,8 +864,8 @@ TRAPPING = """
 
 def stopped_cleanly(ws: Path, sd: Path) -> None:
     """The trapping agent saved its work within the grace; it, its setsid'ed grandchild
-    and its daemon are gone; nothing carries the session's mark."""
-    procs = [recorded(ws, n) for n in ("grandchild.pid", "daemon.pid", "agent.pid")]
+    and its daemons are gone; nothing carries the session's mark."""
+    procs = [recorded(ws, n) for n in RUN_PROCESSES]
     assert (ws / "term.txt").read_text() == "saved"
     assert not [p for p in procs if alive(p)]
     assert marked(sd) == set()
@@ -790,7 +955,7 @@ def test_the_console_counts_what_a_stopped_run_left_not_the_run_itself(workspace
                                                  "prompt_mode: stdin\n  timeout_seconds: 1.5"))
     r = start(ws, "cn")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert "stopped 2 process(es) the executor's run left running" in r.stdout, r.stdout
+    assert "stopped 3 process(es) the executor's run left running" in r.stdout, r.stdout
 
 
 # --- processes that carry no mark: found only through the run's process tree ---
@@ -844,15 +1009,7 @@ def test_an_unmarked_daemon_of_a_finished_run_is_stopped(workspace):
     ws = workspace
     setup(ws, """
         if ROLE == "executor":
-            pid = os.fork()
-            if pid == 0:
-                os.setsid()
-                if os.fork() == 0:
-                    record("envless.pid", os.getpid())
-                    os.execvp("env", ["env", "-i", "sleep", "300"])
-                os._exit(0)
-            os.waitpid(pid, 0)
-            wait_file("envless.pid")
+            envless_daemon("envless.pid", "sleep", "300")
         normal()
     """)
     r = start(ws, "d1")
@@ -875,19 +1032,13 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
     setup(ws, """
         if ROLE == "executor" and not os.path.exists(path("ready")):
             record("grandchild.pid", setsid_sleep(300))
+            record("supervisor.pid", os.getppid())
             mark("ready")
             time.sleep(60)
         normal()
     """)
     # started as RALPH_WORKSPACE=<the link>, killed, resumed from the real directory
-    engine = subprocess.Popen(RALPH + ["session", "start", "objective", "--id", "sy"],
-                              cwd=ws, env=base_env(RALPH_WORKSPACE=link, **FAST),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: (ws / "ready").exists(), timeout=20)
-    finally:
-        engine.kill()
-        engine.communicate()
+    kill_9_engine_and_supervisor(started_until_ready(ws, "sy", RALPH_WORKSPACE=link), ws)
     grandchild = recorded(ws, "grandchild.pid")
     try:
         assert grandchild[0] in marked(link / ".ralph-sessions" / "sy")
@@ -896,3 +1047,88 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
         assert not alive(grandchild), r.stdout
     finally:
         kill_if_alive(grandchild)
+
+
+# --- which agent run a process is part of, however it hides (the human's verbs ask) ---
+
+WHERE = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, %r)
+    from engine.containment import agent_run_of
+    run, out = agent_run_of(), sys.argv[1]
+    with open(out + ".tmp", "w") as f:
+        json.dump(run and [run.supervisor, run.run_id, run.session_dir], f)
+    os.rename(out + ".tmp", out)
+""") % str(REPO)
+
+HIDING = """
+    if ROLE == "executor" and not os.path.exists(path("ready")):
+        record("supervisor.pid", os.getppid())
+        mark("executor.run", ENV["RALPH_RUN_ID"])
+        where = [sys.executable, path("where.py")]
+        subprocess.run(where + [path("plain.json")])
+        subprocess.run(["env", "-i", *where, path("env-i.json")])
+        subprocess.run(["setsid", "-f", "env", "-i", *where, path("setsid-f.json")])
+        envless_daemon("daemon.pid", *where, path("daemon.json"))
+        # in a PID namespace of its own: seeing the outer /proc, or its own (as in codex's
+        # bwrap sandbox, where only its ancestors' marks tell)
+        unshare = ["unshare", "--pid", "--fork"] + \
+            (["--user", "--map-root-user"] if os.geteuid() else [])
+        subprocess.run([*unshare, "env", "-i", *where, path("pid-ns.json")])
+        subprocess.run([*unshare, "--mount-proc", "sh", "-c", '"$@"; exit', "sh",
+                        "env", "-i", *where, path("pid-ns-proc.json")])
+        # asked about from outside, by its pid
+        subprocess.run(["setsid", "-f", "env", "-i", "sh", "-c",
+                        'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 300',
+                        path("hidden.pid")])
+        for name in ("setsid-f.json", "daemon.json", "hidden.pid"):
+            wait_file(name)
+        mark("ready")
+        wait_file("asked")
+    normal()
+"""
+
+
+def test_every_process_of_a_run_is_known_as_the_runs_however_it_hides(workspace):
+    ws = workspace
+    setup(ws, HIDING)
+    (ws / "where.py").write_text(WHERE)
+    engine = spawn_start(ws, "w1")
+    sibling = subprocess.Popen(["sleep", "300"])   # started beside the engine, not by it
+    try:
+        wait_for(lambda: (ws / "ready").exists(), timeout=20)
+        sd = only_session(ws)
+        run = (ws / "executor.run").read_text()
+        supervisor = recorded(ws, "supervisor.pid")[0]
+        expected = [supervisor, run, str(sd)]
+        for name in ("plain", "env-i", "setsid-f", "daemon", "pid-ns"):
+            assert json.loads((ws / f"{name}.json").read_text()) == expected, name
+        assert json.loads((ws / "pid-ns-proc.json").read_text()) == [None, run, str(sd)]
+        hidden = int((ws / "hidden.pid").read_text())
+        assert hidden not in marked(sd)   # no mark, not the agent's descendant: the tree's
+        found = containment.agent_run_of(hidden)
+        assert [found.supervisor, found.run_id, found.session_dir] == expected
+        assert str(found) == f"agent run {run} of the session in {sd} (supervisor pid " \
+                             f"{supervisor})"
+        # outside every run: this process, a sibling of the engine, the engine itself
+        for pid in (None, os.getpid(), sibling.pid, engine.pid):
+            assert containment.agent_run_of(pid) is None, pid
+        # a process carrying a run's marks is taken at its word (only a run sets them)
+        claims = subprocess.Popen(["sleep", "300"], env=base_env(RALPH_RUN_ID="r9",
+                                                                 RALPH_SESSION_DIR=sd))
+        try:   # once exec'd whole (its environment is there when its command line is)
+            wait_for(lambda: Path(f"/proc/{claims.pid}/cmdline").read_bytes())
+            assert str(containment.agent_run_of(claims.pid)) == \
+                f"agent run r9 of the session in {sd} (by its marks)"
+        finally:
+            claims.kill()
+            claims.wait()
+        (ws / "asked").touch()
+        code, out, err = finish(engine)
+        assert code == 0, out + err
+        assert containment.agent_run_of(hidden) is None   # stopped with its run: gone
+    finally:
+        sibling.kill()
+        sibling.wait()
+        if engine.poll() is None:
+            kill_9(engine)

@@ -139,15 +139,60 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
     assert metadata(sd)["status"] == "aborted"
 
 
-def test_kill_9_of_the_engine_then_resume_hears_nothing_from_the_dead_run(rig):
-    r = rig(Sleepy(6))
+def processes_of_the_run(session_dir) -> dict[tuple[int, int], str]:
+    """Every process of the session's agent run (its supervisor's tree, the supervisor
+    too), by identity: (pid, start time) -> command line."""
+    from engine import containment, procfs
+    [supervisor] = [p for p in procfs.pids()
+                    if procfs.comm(p) == containment.SUPERVISOR_NAME and
+                    procfs.environ(p, (containment.SESSION_MARK,)).get(
+                        containment.SESSION_MARK) == str(session_dir)]
+    kids: dict[int, list[int]] = {}
+    for child, parent in procfs.live_parents().items():
+        kids.setdefault(parent, []).append(child)
+    found, todo = {}, [supervisor]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, ()))
+        try:
+            cmd = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if (stat := procfs.live(p)) is not None:
+            found[(p, stat[1])] = cmd.strip()
+    return found
+
+
+def read_if_there(path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def still_running(processes) -> list[str]:
+    from engine import procfs
+    return [cmd for (pid, start), cmd in processes.items()
+            if (stat := procfs.live(pid)) is not None and stat[1] == start]
+
+
+def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig):
+    r = rig(Sleepy(60))
     engine = r.start()
     sd = r.session_dir()
-    wait_for_process(sd, "sleep 6")
+    wait_for_process(sd, "sleep 60")
+    # the shell and its sleep noted (the shell's command line names the sleep already)
+    wait_for(lambda: len(read_if_there(r.ws / "pids.txt").splitlines()) == 2, timeout=30)
+    run = processes_of_the_run(sd)
+    assert any(cmd.startswith("sleep 60") for cmd in run.values()), run
+    # the CLI itself is there (codex: its node wrapper, the native binary, `ralph mcp`)
+    assert any(f"/{r.cli}" in cmd for cmd in run.values()), run
     dead_run = next(p.name[:-len(".prompt.md")] for p in
                     (sd / "iterations" / "1" / "logs").glob("*-executor-t1.prompt.md"))
     engine.send_signal(signal.SIGKILL)
     engine.communicate()
+    # no resume: within the grace (and a little) nothing of the run is left
+    from engine.containment import GRACE_SECONDS
+    wait_for(lambda: not still_running(run) and not recorded_alive(r.ws),
+             timeout=GRACE_SECONDS + 5)
+    assert not processes_marked(sd), processes_marked(sd)
     # what the dead run would say now is refused, and recorded as refused
     late = dict(r.env, RALPH_SESSION_DIR=str(sd), RALPH_RUN_ID=dead_run,
                 RALPH_ROLE="executor", RALPH_SESSION_ID="real")
@@ -158,8 +203,8 @@ def test_kill_9_of_the_engine_then_resume_hears_nothing_from_the_dead_run(rig):
     assert record["run"] == dead_run and record["payload"]["topic"] == "build.done"
     code, out, err = finish(r.resume(), timeout=120)
     assert code == 0, out + err
+    assert "left by an earlier engine" not in out
     assert not processes_marked(sd), processes_marked(sd)
-    assert not recorded_alive(r.ws)   # what the dead run left was stopped on resume
     taken = [e for e in events(sd) if e["topic"] == "build.done"]
     assert taken and all(e["run"] != dead_run for e in taken), taken
     assert metadata(sd)["status"] == "completed"

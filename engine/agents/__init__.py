@@ -23,7 +23,8 @@ __all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "
 
 
 def demo_argv(script: str | None) -> list[str]:
-    argv = [sys.executable, "-m", "engine.demo_agent"]
+    # -P: the workspace (the cwd) is not on sys.path: an engine/ planted there never runs
+    argv = [sys.executable, "-P", "-m", "engine.demo_agent"]
     return argv + ["--script", script] if script else argv
 
 
@@ -68,4 +69,4 @@ def ralph_argv() -> list[str]:
     found = shutil.which("ralph")
     if found:
         return [os.path.abspath(found)]
-    return [sys.executable, "-m", "engine"]
+    return [sys.executable, "-P", "-m", "engine"]   # -P: not an engine/ of the workspace

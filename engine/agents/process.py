@@ -4,12 +4,13 @@ The engine reads what an agent *said* from the event bus; this only runs the pro
 the prompt on stdin, as an argument or as a file, stdout/stderr kept in the iteration's
 logs/, a timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
 over, for whatever reason, its end is announced first (the engine then takes no more
-events from it), and then every process it started is stopped (containment).
+events from it), and then every process it started is stopped (containment). The agent
+runs under the run's supervisor (engine/supervisor.py), which tells its exit code and
+stops the run itself should the engine die first.
 """
 from __future__ import annotations
 
-import ctypes
-import signal
+import os
 import subprocess
 import threading
 import time
@@ -19,8 +20,8 @@ from typing import Callable
 
 from session_store import open_beneath, read_nofollow
 
+from .. import containment, supervisor
 from ..config import PromptMode
-from .. import containment
 from .presets import ARG_LIMIT, McpServer, Preset, RunReport, RunSetup
 
 
@@ -47,19 +48,6 @@ class Outcome:
     report: RunReport = field(default_factory=RunReport)
     stderr_tail: str = ""          # its last stderr line (a failing CLI says why there)
     left_behind: int = 0           # processes still running when it ended, then stopped
-
-
-try:   # looked up once, here: the child between fork and exec only calls it
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the engine dies (its own descendants are found by their
-    mark on the next start)."""
-    if _prctl is not None:
-        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class CommandAgent:
@@ -97,29 +85,25 @@ class CommandAgent:
         with open(open_beneath(work_dir, inv.log_base + ".stdout"), "wb") as out, \
                 open(open_beneath(work_dir, inv.log_base + ".stderr"), "wb") as err:
             before = frozenset(containment.children())   # not the run's: kept out of it
-            try:
-                proc = subprocess.Popen(
-                    argv, cwd=inv.cwd, env=env, stdout=out, stderr=err,
-                    stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=_die_with_parent)
-            except OSError as e:
-                inv.ended()
-                missing = " (not installed?)" if isinstance(e, FileNotFoundError) else ""
-                try:
-                    err.write(f"ralph: cannot start {argv[0]}: {e.strerror}{missing}\n".encode())
-                except OSError:   # a full disk: the reason still reaches the pause reason
-                    pass
-                return Outcome(exit_code=127,
-                               stderr_tail=f"{argv[0]}: {e.strerror}{missing}")
             exited = threading.Event()
-            if stdin_data is not None:
-                threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
 
-            def reap():
-                proc.wait()
+            def agent_exited():
                 exited.set()
                 wakeup.set()
-            threading.Thread(target=reap, daemon=True).start()
+            try:
+                held = _Supervised(argv, inv.cwd, env, out, err, agent_exited,
+                                   stdin=subprocess.DEVNULL if stdin_data is None else
+                                   subprocess.PIPE)
+            except OSError as e:   # no process to be had (EAGAIN, ENOMEM)
+                inv.ended()
+                try:
+                    err.write(f"ralph: cannot start a run: {e.strerror}\n".encode())
+                except OSError:   # a full disk: the reason still reaches the pause reason
+                    pass
+                return Outcome(exit_code=127, stderr_tail=f"cannot start a run: {e.strerror}")
+            proc = held.proc
+            if stdin_data is not None:
+                threading.Thread(target=_feed, args=(proc, stdin_data), daemon=True).start()
             outcome = Outcome(exit_code=None)
             deadline = started + inv.timeout
             try:
@@ -141,16 +125,65 @@ class CommandAgent:
                     session_dir = inv.env.get(containment.SESSION_MARK, "")
                     run = inv.env.get(containment.RUN_MARK)
                     leader_ran = not exited.is_set()   # then it is among those stopped
-                    left = containment.stop(
-                        lambda: containment.find(session_dir, run, proc.pid, before))
+                    # the supervisor apart: it stays, to stop the run should the engine die
+                    left = containment.stop(lambda: containment.find(
+                        session_dir, run, proc.pid, before) - {proc.pid})
                     outcome.left_behind = max(0, left - leader_ran)
                     containment.reap_orphans(proc.pid)
-            outcome.exit_code = proc.wait()
+                    outcome.exit_code = held.release()
         outcome.duration = time.monotonic() - started
         outcome.stdout = _read_log(inv.log_base + ".stdout")
         outcome.stderr_tail = _last_line(_read_log(inv.log_base + ".stderr"))
         outcome.report = self.preset.report(outcome.stdout)
         return outcome
+
+
+class _Supervised:
+    """The agent under its run's supervisor, as the engine holds it: the only write end
+    of the supervisor's lifeline, and the agent's exit code it tells."""
+
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str], out, err,
+                 agent_exited: Callable[[], None], stdin):
+        lifeline, self._lifeline = os.pipe()
+        self._status, told = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                supervisor.command(lifeline, told, cwd, argv), cwd=supervisor.HOME, env=env,
+                stdin=stdin, stdout=out, stderr=err, start_new_session=True,
+                pass_fds=(lifeline, told))
+        except OSError:
+            os.close(self._lifeline)
+            os.close(self._status)
+            raise
+        finally:
+            os.close(lifeline)
+            os.close(told)
+        self._code: int | None = None
+        self._reader = threading.Thread(target=self._read_status, args=(agent_exited,),
+                                        daemon=True)
+        self._reader.start()
+
+    def _read_status(self, agent_exited: Callable[[], None]) -> None:
+        """The agent's exit code, when it exits; end of file first: the supervisor died
+        (killed), and the agent with it (PR_SET_PDEATHSIG)."""
+        with open(self._status, "rb") as status:
+            line = status.readline().strip()
+        if line.lstrip(b"-").isdigit():
+            self._code = int(line)
+        agent_exited()
+
+    def release(self) -> int:
+        """The run is stopped: let the supervisor go (stopped too if it does not: an agent
+        may have SIGSTOPped it). The agent's exit code, or the supervisor's own if it
+        could not tell (killed: -9)."""
+        os.close(self._lifeline)
+        try:
+            self.proc.wait(timeout=containment.GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            containment.stop(lambda: {self.proc.pid})
+            self.proc.wait()
+        self._reader.join()
+        return self.proc.returncode if self._code is None else self._code
 
 
 def _read_log(path: str) -> str:

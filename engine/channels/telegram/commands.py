@@ -248,8 +248,8 @@ class Commands:
         try:
             with containment.spawning():   # not an agent's orphan: the engine started it
                 child = subprocess.Popen(
-                    [sys.executable, "-m", "engine", "session", "resume", sid, "--workspace",
-                     self.ws], cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                    [sys.executable, "-P", "-m", "engine", "session", "resume", sid,
+                     "--workspace", self.ws], cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                     start_new_session=True)
                 containment.spare(child.pid)
         finally:

@@ -112,7 +112,7 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
     pid = running_pid(session.dir)
     if pid is not None:
         raise Problem(409, f"session {session.id} is running already (engine pid {pid})")
-    argv = [sys.executable, "-m", "engine", "session", "resume", session.id,
+    argv = [sys.executable, "-P", "-m", "engine", "session", "resume", session.id,
             f"--workspace={session.workspace}"]
     message = _text(body.get("message"), "$.message", required=False)
     if message.strip():
