@@ -23,7 +23,6 @@ import errno
 import fcntl
 import json
 import os
-from typing import NamedTuple
 
 from ._atomic import FILE_MODE, disk, durable_write_done, read_nofollow
 from ._errors import BadInput
@@ -162,11 +161,15 @@ def hold_engine_lock(work) -> int:
     return fd
 
 
-class OutboxLine(NamedTuple):
-    """One request as the engine read it: `request` (a dict), or why it is none."""
-    via: list                # [phase, offset just past the line]
-    request: dict | None
-    problem: str | None = None
+class OutboxLine:
+    """One request as the engine read it: `request` (a dict), or why it is none. (A
+    plain class: `typing` would cost `ralph emit` milliseconds to import.)"""
+    __slots__ = ("via", "request", "problem")
+
+    def __init__(self, via: list, request: dict | None, problem: str | None = None):
+        self.via = via                # [phase, offset just past the line]
+        self.request = request
+        self.problem = problem
 
 
 class Outbox:
