@@ -177,3 +177,91 @@ def config_snapshot() -> dict[str, str]:
     from engine import config as cfg
     from session_store import dump_yaml
     return dump_yaml(cfg.to_data(cfg.without_secrets(cfg.Config())))
+
+
+# --- where the store keeps a session (see session_store/_places.py) ---
+
+def session_dir(workspace: str, session_id: str) -> str:
+    """A session's control plane (metadata, bus, signals, questions), known before a
+    `ralph session start` subprocess has made it."""
+    from session_store import sessions_root
+    return os.path.join(sessions_root(workspace), session_id)
+
+
+def bus_path(session_dir_: str) -> str:
+    """The session's bus (events.jsonl), for the benches that fill or size it whole."""
+    from session_store._events import EVENTS_FILE
+    return os.path.join(session_dir_, EVENTS_FILE)
+
+
+def run_logs(workspace: str, session_id: str, iteration: int) -> str | None:
+    """The folder of an iteration's agent-run logs (in the session's work area), None
+    while the session is not made yet."""
+    from session_store import BadInput, load
+    try:
+        return load(workspace, session_id).iteration(iteration).logs
+    except BadInput:
+        return None
+
+
+HELD_AGENT = """\
+import json, os, sys, time
+sys.stdin.read()
+path = os.path.join(os.environ["RALPH_WORKSPACE"], f"held-{os.environ['RALPH_SESSION_ID']}.json")
+with open(path + ".tmp", "w") as f:
+    json.dump({k: v for k, v in os.environ.items() if k.startswith("RALPH_")}, f)
+os.replace(path + ".tmp", path)
+time.sleep(86400)
+"""
+
+
+class HeldRun:
+    """A real engine (`ralph session start`, a subprocess) holding an agent run open: its
+    agent writes the run's RALPH_* environment down and sleeps. A command run with `env`
+    speaks as that run (an agent's tool) to a live engine, as the agents' tools only can;
+    `stop()` ends the session with an ABORT (exit 4). `config`: more of its ralph.yml."""
+
+    def __init__(self, workspace: str, session_id: str, config: str = "",
+                 timeout: float = 120.0):
+        import json
+        agent = os.path.join(workspace, "held-agent.py")
+        with open(agent, "w", encoding="utf-8") as f:
+            f.write(HELD_AGENT)
+        path = os.path.join(workspace, f"{session_id}.yml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"agent: {{backend: command, command: {json.dumps([sys.executable, agent])}, "
+                    f"timeout_seconds: 86400}}\nfallback: {{enabled: false}}\n{config}")
+        self.dir = session_dir(workspace, session_id)
+        self.log = os.path.join(workspace, f"{session_id}.log")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [ralph_script(), "session", "start", f"bench: {session_id}", "-c", path,
+                 "--id", session_id], cwd=workspace, env=session_env(), stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        held = os.path.join(workspace, f"held-{session_id}.json")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(held):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                with open(self.log, encoding="utf-8", errors="replace") as f:
+                    output = f.read()[-2000:]
+                stop_process(self.proc)
+                raise RuntimeError(f"bench: no agent run held in {session_id} (exit "
+                                   f"{self.proc.poll()}); its output:\n{output}")
+            time.sleep(0.01)
+        with open(held, encoding="utf-8") as f:
+            self.env: dict[str, str] = json.load(f)
+
+    def stop(self) -> None:
+        """ABORT the session (its agent is stopped) and check that it ended so (exit 4)."""
+        from session_store import signals
+        if self.proc.poll() is None and os.path.isdir(self.dir):
+            signals.drop(self.dir, "ABORT", "bench done", now=now())
+            try:
+                code = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                code = None
+            stop_process(self.proc)
+            if code != 4:
+                raise RuntimeError(f"bench: the held session exited {code} after ABORT, "
+                                   f"expected 4")
+        stop_process(self.proc)

@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from _common import (Row, median, ms, now, percentile, ralph_script, ratio, say, session_env,
-                     stop_process)
+from _common import (Row, median, ms, now, percentile, ralph_script, ratio, run_logs, say,
+                     session_dir, session_env, stop_process)
 from overhead import EVIDENCE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,20 +91,17 @@ def start_session(workspace: str, config: str, session_id: str, poll: float | No
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def next_question(session_dir: str, seen: set, proc: subprocess.Popen, log: str,
+def next_question(control: str, seen: set, proc: subprocess.Popen, log: str,
                   timeout: float = 60.0) -> str:
-    """The id of the next question file to appear (polled every 2 ms)."""
-    folder = os.path.join(session_dir, "questions")
+    """The id of the next question file to appear in the session whose control plane is
+    `control` (polled every 2 ms)."""
+    from session_store import questions
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            new = [n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith(".")
-                   and n not in seen]
-        except FileNotFoundError:
-            new = []
+        new = [qid for qid in questions.ids(control) if qid not in seen]
         if new:
             seen.update(new)
-            return sorted(new)[0][:-5]
+            return new[0]
         if proc.poll() is not None or time.monotonic() > deadline:
             with open(log, encoding="utf-8", errors="replace") as f:
                 output = f.read()[-2000:]
@@ -133,7 +130,7 @@ def measure(base: str, questions_count: int, poll: float | None, seed: int,
     tasks = -(-questions_count // ASKS_PER_TASK)
     asks = -(-questions_count // tasks)
     config = write_config(workspace, tasks, asks)
-    session_dir = os.path.join(workspace, ".ralph-sessions", label)
+    control = session_dir(workspace, label)
     log = os.path.join(workspace, "engine.log")
     latencies, writes, seen = [], [], set()
     try:
@@ -142,26 +139,25 @@ def measure(base: str, questions_count: int, poll: float | None, seed: int,
             for _ in range(tasks * asks):
                 if time.monotonic() > deadline and len(latencies) >= 3:
                     break   # over the budget: the figures come from what was measured
-                qid = next_question(session_dir, seen, proc, log)
-                question = questions.load_question(session_dir, qid)
+                qid = next_question(control, seen, proc, log)
+                question = questions.load_question(control, qid)
                 if question.kind != "loop" or not question.context.task:
                     raise RuntimeError(f"answer bench: unexpected question {qid} "
                                        f"({question.kind}): {question.text}")
-                logs = os.path.join(session_dir, "iterations", str(question.context.iteration),
-                                    "logs")
+                logs = run_logs(workspace, label, question.context.iteration)
                 seq = max(int(n[:4]) for n in os.listdir(logs) if n.endswith(".stdout"))
                 expected = os.path.join(logs, f"{seq + 1:04d}-executor-"
                                               f"{question.context.task}.stdout")
                 time.sleep(0.1 + rng.uniform(0, POLL_INTERVAL))
                 t0 = time.perf_counter()
-                questions.answer(session_dir, qid, "yes, go on", now=now(), channel="bench")
+                questions.answer(control, qid, "yes, go on", now=now(), channel="bench")
                 t_written = time.perf_counter()
                 t1 = _wait_file(expected, proc)
                 latencies.append(t1 - t0)
                 writes.append(t_written - t0)
             expected_code = 0
             if len(latencies) < tasks * asks:
-                signals.drop(session_dir, "ABORT", "answer bench: over its budget", now=now())
+                signals.drop(control, "ABORT", "answer bench: over its budget", now=now())
                 expected_code = 4
             code = proc.wait(timeout=120)
             if code != expected_code:

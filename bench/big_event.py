@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from _common import Row, median, ms, now, ratio, say
+from _common import Row, bus_path, median, ms, now, ratio, say
 
 BIG_MIB = 50   # the one event's payload, in MiB
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +33,7 @@ def _append_big_event(session_dir: str) -> int:
     head = json.dumps({"seq": seq, "ts": now().isoformat(), "topic": "huge",
                        "source": "executor"})[:-1] + ', "payload": "'
     piece = b"y" * (1 << 20)
-    with open(os.path.join(session_dir, "events.jsonl"), "ab") as bus:
+    with open(bus_path(session_dir), "ab") as bus:
         bus.write(head.encode())
         for _ in range(BIG_MIB):
             bus.write(piece)

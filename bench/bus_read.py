@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 
-from _common import Row, ms, now, ratio, say
+from _common import Row, bus_path, ms, now, ratio, say
 from overhead import EVIDENCE, NoopAgent
 
 FILLER_TOPICS = (
@@ -35,7 +35,7 @@ FILLER_TOPICS = (
 def fill_bus(session_dir: str, count: int) -> int:
     """Append `count` valid records after the session's own; returns the file's size."""
     from session_store import read_events
-    path = os.path.join(session_dir, "events.jsonl")
+    path = bus_path(session_dir)
     records, _ = read_events(session_dir)
     seq = max((r["seq"] for r in records), default=0)
     lines = []
@@ -66,7 +66,7 @@ def run_once(base: str, iterations: int, filler: int) -> dict:
         session = session_store.create(workspace, "bench: bus reading", now=now(),
                                        limits=Limits(max_iterations=iterations + 1))
         size = fill_bus(session.dir, filler) if filler else \
-            os.path.getsize(os.path.join(session.dir, "events.jsonl"))
+            os.path.getsize(bus_path(session.dir))
         agent = NoopAgent(iterations, lambda: session.metadata_path)
         engine = Engine(session, Config(), agent_for=lambda role: agent, out=io.StringIO())
         reconcile = engine.reconcile

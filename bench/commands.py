@@ -3,7 +3,9 @@
 Each command is a fresh subprocess, interleaved round by round with `python -c pass` so
 that the machine's drift hits all alike; the figure is the median wall time. `ralph mcp`
 is timed from its start to the answer of its first tool call (initialize, then `emit`),
-spoken as raw JSON-RPC over its pipes, so the measuring side loads no MCP SDK.
+spoken as raw JSON-RPC over its pipes, so the measuring side loads no MCP SDK. The agents'
+tools run with the environment of an agent run that a real engine holds open (HeldRun):
+they speak to that engine, through the work area's outbox, as that run.
 
 Aims (issue 16, 14): `tools signals poll` and `tools interact progress` <= 1.5x the bare
 interpreter; `signal`, `session answer` and `session status` <= 3x; `session list` with
@@ -19,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from _common import Row, median, ms, now, ralph_script, ratio, say, timed_run
+from _common import HeldRun, Row, median, ms, now, ralph_script, ratio, say, timed_run
 
 AIMS = {"poll": 1.5, "poll_taking": 1.5, "progress": 1.5, "signal": 3.0, "answer": 3.0,
         "status": 3.0, "list1": 3.0, "list100": 3.0}
@@ -74,27 +76,24 @@ def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
     ralph = ralph_script()
     workspace = tempfile.mkdtemp(prefix="ralph-bench-commands-", dir=base)
     many = tempfile.mkdtemp(prefix="ralph-bench-list100-", dir=base)
+    held = None
     try:
-        session = session_store.create(workspace, "bench: commands", now=now(), session_id="b1")
-        quiet = session_store.create(workspace, "bench: an empty mailbox", now=now(),
-                                     session_id="b2")
-        # an agent run, as the engine opens one: the agents' tools take their fast paths
-        lease = session_store.acquire_lock(session.dir, "b1")
-        lease.open_run("0001-executor-t1")
+        # an agent run, opened by a live engine: the agents' tools speak as it
+        held = HeldRun(workspace, "b1")
+        quiet = session_store.create(workspace, "bench: no engine, questions to answer",
+                                     now=now(), session_id="b2")
         for i in range(100):
             session_store.create(many, "bench: one of many", now=now(), session_id=f"m{i:03d}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
-        env.update(RALPH_SESSION_DIR=session.dir, RALPH_ROLE="executor", RALPH_ITERATION="1",
-                   RALPH_STATE="EXECUTING_BATCH", RALPH_SESSION_ID="b1",
-                   RALPH_WORKSPACE=workspace, RALPH_RUN_ID="0001-executor-t1")
-        env["PYTHONPYCACHEPREFIX"] = os.path.join(workspace, "pycache")
-        human = {k: v for k, v in env.items() if not k.startswith("RALPH_")}
+        human = {k: v for k, v in os.environ.items()   # where the sessions are, no more
+                 if not k.startswith("RALPH_") or k == "RALPH_STATE_DIR"}
+        human["PYTHONPYCACHEPREFIX"] = os.path.join(workspace, "pycache")
+        env = dict(human, **held.env)   # the agent run's own environment
         commands = {
             "base": ([py, "-c", "pass"], env, workspace),
-            "poll": ([ralph, "tools", "signals", "poll"],
-                     dict(env, RALPH_SESSION_DIR=quiet.dir, RALPH_SESSION_ID="b2"), workspace),
-            # the INFO `signal` dropped into b1 last round waits for it: taken, marked
+            # the INFO `signal` dropped into b1 last round waits for it: the engine takes
+            # it for the run, and replies
             "poll_taking": ([ralph, "tools", "signals", "poll"], env, workspace),
+            "poll": ([ralph, "tools", "signals", "poll"], env, workspace),   # nothing now
             "progress": ([ralph, "tools", "interact", "progress", "half way"], env, workspace),
             "signal": ([ralph, "signal", "info", "a note", "--session", "b1"], human, workspace),
             "answer": None,   # a fresh question each round (below)
@@ -106,11 +105,11 @@ def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
         times: dict[str, list[float]] = {k: [] for k in [*commands, "mcp"]}
         for i in range(warmup + runs):
             qid = f"q-bench-{i:04d}"
-            questions.ask(session.dir, questions.Question(
+            questions.ask(quiet.dir, questions.Question(
                 id=qid, text="go on?", asked_at=now(), deadline=now(), on_timeout="continue",
-                context=questions.QuestionContext(session="b1", state="PLANNING",
+                context=questions.QuestionContext(session="b2", state="PLANNING",
                                                   iteration=1)))
-            commands["answer"] = ([ralph, "session", "answer", "b1", "yes", "--question", qid],
+            commands["answer"] = ([ralph, "session", "answer", "b2", "yes", "--question", qid],
                                   human, workspace)
             for key, (argv, cmd_env, cwd) in commands.items():
                 elapsed = timed_run(argv, cmd_env, cwd, "commands")
@@ -119,8 +118,10 @@ def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
             elapsed = _mcp_first_call([ralph, "mcp"], env, workspace)
             if i >= warmup:
                 times["mcp"].append(elapsed)
-        lease.release()
+        held.stop()
     finally:
+        if held is not None:
+            held.stop()
         shutil.rmtree(workspace, ignore_errors=True)
         shutil.rmtree(many, ignore_errors=True)
 

@@ -2,7 +2,8 @@
 
 Each command runs as a fresh subprocess, interleaved round by round so that drift in
 the machine's load hits every command alike; the figure is the median wall time
-(fork + exec + interpreter start + imports + the append + exit).
+(fork + exec + interpreter start + imports + the line in the outbox + exit). The emits
+speak as an agent run that a real engine holds open (HeldRun): the engine takes them.
 """
 from __future__ import annotations
 
@@ -11,23 +12,20 @@ import shutil
 import sys
 import tempfile
 
-from _common import Row, median, ms, now, ralph_script, ratio, say, timed_run
+from _common import HeldRun, Row, median, ms, ralph_script, ratio, say, timed_run
 
 
 def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
-    import session_store
     from session_store import read_events
 
     py = sys.executable
     ralph = ralph_script()
     workspace = tempfile.mkdtemp(prefix="ralph-bench-emit-", dir=base)
+    held = None
     try:
-        session = session_store.create(workspace, "bench: emit cold start", now=now())
-        env = dict(os.environ, RALPH_SESSION_DIR=session.dir, RALPH_ROLE="executor",
-                   RALPH_ITERATION="1", RALPH_STATE="EXECUTING_BATCH",
-                   RALPH_SESSION_ID=session.id, RALPH_WORKSPACE=workspace)
-        for k in [k for k in env if k.startswith("RALPH_TEST_")]:
-            del env[k]
+        held = HeldRun(workspace, "emit")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
+        env.update(held.env)   # the agent run's own environment
         # Measure what an installed ralph costs: with cached bytecode. The warm-up runs
         # write it under the bench's temp dir, so the checkout stays clean even where
         # PYTHONDONTWRITEBYTECODE is set (then every start would compile ralph's modules).
@@ -47,11 +45,14 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
                 elapsed = timed_run(argv, env, workspace, "emit")
                 if i >= warmup:
                     times[key].append(elapsed)
-        ticks = [r for r in read_events(session.dir)[0] if r["topic"] == "bench.tick"]
+        held.stop()   # its run closed: every line it sent is taken
+        ticks = [r for r in read_events(held.dir)[0] if r["topic"] == "bench.tick"]
         if len(ticks) != 2 * (warmup + runs):
             raise RuntimeError(f"emit bench: {len(ticks)} events on the bus, expected "
                                f"{2 * (warmup + runs)}")
     finally:
+        if held is not None:
+            held.stop()
         shutil.rmtree(workspace, ignore_errors=True)
 
     med = {k: median(v) for k, v in times.items()}

@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from _common import Row, median, ms, now, percentile, ralph_script, say, session_env, \
-    stop_process
+from _common import (Row, median, ms, now, percentile, ralph_script, say, session_dir,
+                     session_env, stop_process)
 from idle_cpu import cpu_seconds
 from signal_latency import _wait_handled
 from telegram_latency import CHAT, TOKEN
@@ -101,7 +101,6 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
                 [ralph_script(), "session", "start", f"bench: fleet {i}", "-c", config,
                  "--id", sid], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT)
-    root = os.path.join(workspace, ".ralph-sessions")
     answered: set[str] = set()
     waiting: set[str] = set()
     deadline = time.monotonic() + 60 + 3 * sessions
@@ -112,7 +111,7 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
         for sid, proc in procs.items():
             if proc.poll() is not None:
                 raise RuntimeError(f"fleet bench: session {sid} exited {proc.returncode}")
-            sd = os.path.join(root, sid)
+            sd = session_dir(workspace, sid)
             for q in questions.pending(sd) if os.path.isdir(sd) else ():
                 if q.id not in answered:
                     questions.answer(sd, q.id, "spaces", now=now(), channel="cli")
@@ -131,7 +130,7 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
     for i in range(signals_count):
         time.sleep(rng.uniform(0, 0.05))
         sid = rng.choice(list(procs))
-        sd = os.path.join(root, sid)
+        sd = session_dir(workspace, sid)
         t0 = time.perf_counter()
         name = signals.drop(sd, "INFO", f"fleet probe {i}", now=now())
         latencies.append(_wait_handled(os.path.join(sd, "signals", "processed", name),
@@ -141,7 +140,7 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
     rss = {pid: _rss_mb(pid) for pid in pids}
     host_rss = rss.pop(_bot_host(workspace), None)   # the bot's libraries are the host's
     for sid in procs:
-        signals.drop(os.path.join(root, sid), "ABORT", "fleet bench done", now=now())
+        signals.drop(session_dir(workspace, sid), "ABORT", "fleet bench done", now=now())
     for sid, proc in procs.items():
         if proc.wait(timeout=60) != 4:
             raise RuntimeError(f"fleet bench: {sid} exited {proc.returncode} after ABORT")

@@ -12,7 +12,8 @@ Measured over the same window, side by side: the baseline, a `python -c "import 
 time.sleep(...)"` process (the floor: a process that does nothing), and for context the
 same engine whose hold polls every 250 ms (_answer_poller.py), and a session whose
 executor blocks inside its own run in `ralph tools interact ask` (the demo agent's `ask`
-step: the agent process and the engine, which watches the same questions/ folder), and an
+step: the agent process, which waits for the engine's reply in its work area's inbox, and
+the engine, which asked the question and watches questions/ for its answer), and an
 engine whose agent is at work (it sleeps) while an INFO signal waits in inputs/ for the
 next prompt. An ABORT ends the sessions afterwards.
 """
@@ -25,7 +26,8 @@ import sys
 import tempfile
 import time
 
-from _common import Row, now, ralph_script, ratio, say, session_env, stop_process
+from _common import (Row, now, ralph_script, ratio, run_logs, say, session_dir, session_env,
+                     stop_process)
 from answer_latency import POLL_INTERVAL, next_question, start_session, write_config
 from overhead import EVIDENCE
 
@@ -103,12 +105,11 @@ def child_of(pid: int, timeout: float = 10.0) -> Pid:
     raise RuntimeError(f"idle bench: no child of {pid} found")
 
 
-def _wait_agent_running(session_dir: str, proc: subprocess.Popen, log: str,
+def _wait_agent_running(workspace: str, session_id: str, proc: subprocess.Popen, log: str,
                         timeout: float = 120.0) -> None:
-    logs = os.path.join(session_dir, "iterations", "1", "logs")
     deadline = time.monotonic() + timeout
-    while not (os.path.isdir(logs) and any(n.endswith("-executor-t1.stdout")
-                                           for n in os.listdir(logs))):
+    while not ((logs := run_logs(workspace, session_id, 1)) and os.path.isdir(logs) and any(
+            n.endswith("-executor-t1.stdout") for n in os.listdir(logs))):
         if proc.poll() is not None or time.monotonic() > deadline:
             with open(log, encoding="utf-8", errors="replace") as f:
                 output = f.read()[-2000:]
@@ -131,13 +132,13 @@ def run(base: str, seconds: float = 60.0, settle: float = 1.0) -> list[Row]:
             "running": (write_config(workspace, 0, 0, timeout=far, name="running",
                                      steps=AGENT_AT_WORK % far), None),
         }
-        dirs = {label: os.path.join(workspace, ".ralph-sessions", label) for label in sessions}
+        dirs = {label: session_dir(workspace, label) for label in sessions}
         logs = {label: os.path.join(workspace, f"{label}.log") for label in sessions}
         for label, (config, poll) in sessions.items():
             procs[label] = start_session(workspace, config, label, poll, logs[label])
         for label in ("engine", "poller", "in_run"):
             next_question(dirs[label], set(), procs[label], logs[label], timeout=120)
-        _wait_agent_running(dirs["running"], procs["running"], logs["running"])
+        _wait_agent_running(workspace, "running", procs["running"], logs["running"])
         signals.drop(dirs["running"], "INFO", "a note for the next prompt", now=now())
         procs["agent"] = child_of(procs["in_run"].pid)
         procs["sleep"] = subprocess.Popen(
@@ -208,8 +209,8 @@ def run(base: str, seconds: float = 60.0, settle: float = 1.0) -> list[Row]:
         Row("7 idle CPU", "context: an agent blocked in `ralph tools interact ask`",
             "agent " + cell(a_cpu, a_wake) + "; its engine " + cell(i_cpu, i_wake),
             floor, vs_floor(a_cpu + i_cpu),
-            note="the in-run question (seed 003): the agent's process waits on the answer "
-                 "file, the engine on its agent"),
+            note="the in-run question (seed 003): the agent's process waits for the "
+                 "engine's reply (its inbox), the engine on the answer and its agent"),
         Row("7 idle CPU", "context: an engine whose agent works (sleeps) while an INFO "
                           "signal waits for the next prompt",
             cell(r_cpu, r_wake), floor, vs_floor(r_cpu),

@@ -20,7 +20,8 @@ EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91
 
 
 class NoopAgent:
-    """Emits what each role must emit, straight onto the bus, and returns at once."""
+    """Emits what each role must emit, through the session's outbox as `ralph emit` does
+    (the engine takes it onto the bus), and returns at once."""
 
     def __init__(self, iterations: int, metadata_path):
         self.iterations = iterations
@@ -28,31 +29,31 @@ class NoopAgent:
         self.starts: list[float] = []          # perf_counter at each planner invocation
         self.cpu: list[float] = []             # process_time at the same moments
         self.metadata_sizes: dict[int, int] = {}
-        self.appends = 0                       # its own events: durable writes, not the engine's
-        self.own_cpu = 0.0                     # CPU of its own appends: a real agent's, not ours
+        self.own_cpu = 0.0                     # CPU of its own sends: a real agent's, not ours
 
     def run(self, inv, wakeup=None, should_stop=None):
         from engine.agents import Outcome
-        from session_store import append_event
+        from engine.tools.emit import publish
         cpu_start = time.process_time()
         env = inv.env
-        d, it = env["RALPH_SESSION_DIR"], int(env["RALPH_ITERATION"])
-        kw = {"source": inv.role, "iteration": it, "state": env["RALPH_STATE"]}
+        it = int(env["RALPH_ITERATION"])
+
+        def emit(topic, payload):
+            publish(env["RALPH_SESSION_DIR"], topic, payload, run=env["RALPH_RUN_ID"])
         if inv.role == "planner":
             self.starts.append(time.perf_counter())
             self.cpu.append(time.process_time())
             self.metadata_sizes[it] = os.path.getsize(self.metadata_path())
             if it > self.iterations:
-                append_event(d, "LOOP_COMPLETE", "nothing left", **kw)
+                emit("LOOP_COMPLETE", "nothing left")
             else:
-                append_event(d, "plan.ready", {"tasks": [
-                    {"id": f"t{it}", "title": f"no-op task {it}", "batch": 1}]}, **kw)
+                emit("plan.ready", {"tasks": [
+                    {"id": f"t{it}", "title": f"no-op task {it}", "batch": 1}]})
         elif inv.role == "executor":
-            append_event(d, "build.done", EVIDENCE, **kw)
+            emit("build.done", EVIDENCE)
         elif inv.role == "reviewer":
-            append_event(d, "review.done", "tests: pass, build: pass", **kw)
+            emit("review.done", "tests: pass, build: pass")
         # librarian: stages nothing
-        self.appends += inv.role != "librarian"
         self.own_cpu += time.process_time() - cpu_start
         return Outcome(exit_code=0)
 
@@ -75,10 +76,11 @@ def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
         start, cpu_start = time.perf_counter(), time.process_time()
         code = engine.run()
         total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        cpu -= agent.own_cpu   # the engine's: a real agent appends in its own process
-        # the engine's own: the agent's events are its writes, not the engine's
-        writes = _atomic.durable_writes - writes_before - agent.appends
-        fsyncs = _atomic.fsyncs - fsyncs_before - agent.appends
+        cpu -= agent.own_cpu   # the engine's: a real agent sends in its own process
+        # all the engine's: the agent's sends are not durable writes, their records on
+        # the bus are the engine's
+        writes = _atomic.durable_writes - writes_before
+        fsyncs = _atomic.fsyncs - fsyncs_before
         m = session.metadata
         transitions = m.orchestrator.transitions
         if code != 0 or m.status.value != "completed" or m.iteration != iterations + 1 \
@@ -103,7 +105,7 @@ def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
         Row("1 engine overhead", "mean time per transition",
             f"{ms(total / transitions, 3)} (CPU {ms(cpu / transitions, 3)})",
             note=f"{transitions} transitions, {iterations} iterations in {total:.2f} s; CPU is "
-                 f"the engine's (the in-process agent's own appends left out, "
+                 f"the engine's (the in-process agent's own sends to the outbox left out, "
                  f"{ms(agent.own_cpu / transitions, 3)} per transition); "
                  f"{ms(total / iterations)} per iteration; "
                  f"{writes / transitions:.1f} durable writes ({fsyncs / transitions:.1f} "

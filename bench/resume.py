@@ -21,8 +21,8 @@ import subprocess
 import tempfile
 import time
 
-from _common import (Row, config_snapshot, median, ms, now, ralph_script, ratio, say,
-                     session_env)
+from _common import (Row, bus_path, config_snapshot, median, ms, now, ralph_script, ratio,
+                     say, session_env)
 from overhead import NoopAgent
 
 TIMEOUT = 120.0   # one resume; more is a hang (subprocess.TimeoutExpired: an ERROR row)
@@ -42,7 +42,7 @@ def build(workspace: str, iterations: int, session_id: str, history: int = 0) ->
                                    session_id=session_id, config_snapshot=config_snapshot(),
                                    limits=Limits(max_iterations=iterations))
     if history:   # written in one go (the engine's appends are what is measured elsewhere)
-        with open(os.path.join(session.dir, "events.jsonl"), "ab") as f:
+        with open(bus_path(session.dir), "ab") as f:
             f.write(b"".join((json.dumps(
                 {"seq": seq, "ts": now().isoformat(), "topic": "agent.note",
                  "payload": f"note {seq}: what the agent saw at this step of its work",
@@ -56,7 +56,7 @@ def build(workspace: str, iterations: int, session_id: str, history: int = 0) ->
     if code != 5 or m.iteration != iterations + 1:
         raise RuntimeError(f"resume bench: building {session_id}: exit {code}, iteration "
                            f"{m.iteration}, status {m.status.value}")
-    path = os.path.join(session.dir, "events.jsonl")
+    path = bus_path(session.dir)
     with open(path, "rb") as f:
         events = sum(1 for _ in f)
     return {"built": built, "events": events, "bus": os.path.getsize(path),

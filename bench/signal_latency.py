@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-from _common import (Row, median, ms, now, percentile, ralph_script, ratio, say, session_env,
-                     stop_process, wait_for_text)
+from _common import (Row, median, ms, now, percentile, ralph_script, ratio, say, session_dir,
+                     session_env, stop_process, wait_for_text)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLL_INTERVAL = 0.25
@@ -48,17 +48,17 @@ def _wait_handled(path: str, proc: subprocess.Popen, timeout: float = 15.0) -> f
     return time.perf_counter()
 
 
-def measure(session_dir: str, proc: subprocess.Popen, count: int, warmup: int,
+def measure(control: str, proc: subprocess.Popen, count: int, warmup: int,
             seed: int = 2024) -> tuple[list[float], list[float]]:
     """(latencies, drop costs) in seconds, for `count` INFO signals after `warmup`."""
     from session_store import parse_yaml, signals
     rng = random.Random(seed)
-    processed = os.path.join(session_dir, "signals", "processed")
+    processed = os.path.join(control, "signals", "processed")
     latencies, drops, names = [], [], []
     for i in range(warmup + count):
         time.sleep(rng.uniform(0, POLL_INTERVAL))
         t0 = time.perf_counter()
-        name = signals.drop(session_dir, "INFO", f"latency probe {i}", now=now())
+        name = signals.drop(control, "INFO", f"latency probe {i}", now=now())
         t_dropped = time.perf_counter()
         t1 = _wait_handled(os.path.join(processed, name), proc)
         names.append(name)
@@ -74,14 +74,14 @@ def measure(session_dir: str, proc: subprocess.Popen, count: int, warmup: int,
 
 
 def bench_engine(base: str, count: int, warmup: int) -> dict:
-    from session_store import signals
+    from session_store import _signals, signals
     workspace = tempfile.mkdtemp(prefix="ralph-bench-latency-", dir=base)
     log = os.path.join(workspace, "engine.log")
     config = os.path.join(workspace, "ralph.yml")
     with open(config, "w", encoding="utf-8") as f:
         f.write(CONFIG)
     env = session_env(RALPH_DEMO_SLEEP_SCALE="0")
-    session_dir = os.path.join(workspace, ".ralph-sessions", "latency")
+    control = session_dir(workspace, "latency")
     try:
         with open(log, "wb") as out:
             proc = subprocess.Popen([ralph_script(), "session", "start", "bench: signal latency",
@@ -90,15 +90,15 @@ def bench_engine(base: str, count: int, warmup: int) -> dict:
         try:
             wait_for_text(log, "waiting for `ralph signal approve`", proc, timeout=120,
                           what="latency bench")
-            latencies, drops = measure(session_dir, proc, count, warmup)
+            latencies, drops = measure(control, proc, count, warmup)
             start = time.perf_counter()
-            signals.drop(session_dir, "ABORT", "latency bench done", now=now())
+            signals.drop(control, "ABORT", "latency bench done", now=now())
             code = proc.wait(timeout=30)
             abort_exit = time.perf_counter() - start
             if code != 4:
                 raise RuntimeError(f"latency bench: the session exited {code} after ABORT, "
                                    f"expected 4")
-            guidance = os.path.getsize(os.path.join(session_dir, "guidance.yaml"))
+            guidance = os.path.getsize(os.path.join(control, _signals.GUIDANCE_FILE))
         finally:
             stop_process(proc)
     finally:

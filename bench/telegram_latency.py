@@ -5,10 +5,11 @@
    engine does) and times until the Bot API receives the `sendMessage` carrying it (the
    fake's own receive time; one clock). Baseline: the same bot with the old cadence, its
    outbox looking at every session on a fixed 200 ms poll (_telegram_poller.py).
-2. Reply in: an agent blocks in `ralph tools interact ask` (a real subprocess); once its
-   question reached the chat, the bench queues a reply to it at the Bot API (the bot's
-   pending getUpdates returns it at once) and times until the ask prints the answer (the
-   agent is unblocked), and, as information, until the ask process has exited.
+2. Reply in: an agent blocks in `ralph tools interact ask` (a real subprocess, in an
+   agent run a real engine holds open: the engine asks the question); once the question
+   reached the chat, the bench queues a reply to it at the Bot API (the bot's pending
+   getUpdates returns it at once) and times until the ask prints the answer (the agent
+   is unblocked), and, as information, until the ask process has exited.
    Baseline: the same ask answered by writing the answer file directly (what `ralph
    session answer` does): the floor that any channel adds to.
 3. Idle: CPU (utime + stime of every thread, /proc/<pid>/stat) and wakeups of a bot
@@ -27,8 +28,8 @@ import tempfile
 import time
 from datetime import timedelta
 
-from _common import Row, median, ms, now, percentile, ralph_script, ratio, say, session_env, \
-    stop_process
+from _common import (HeldRun, Row, median, ms, now, percentile, ralph_script, ratio, say,
+                     session_env, stop_process)
 from idle_cpu import TICK, cpu_seconds, switches
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,15 +123,17 @@ def question_out(base: str, fake: FakeTelegram, poll: float | None, count: int,
 def reply_in(base: str, fake: FakeTelegram, count: int, seed: int) -> dict[str, list[float]]:
     """Alternately: a reply through the bot, and the answer file written directly."""
     from session_store import questions
-    workspace, [sdir] = _workspace(base, "in", 1)
-    sid = os.path.basename(sdir)
+    workspace = tempfile.mkdtemp(prefix="ralph-bench-telegram-in-", dir=base)
     rng = random.Random(seed)
-    env = session_env(RALPH_WORKSPACE=workspace, RALPH_SESSION_ID=sid)
-    bot = _start_bot(workspace, fake.url, None)
+    bot = _start_bot(workspace, fake.url, None)   # first: it holds the workspace's bot
+    held = None
     out = {"telegram": [], "direct": [], "telegram exit": [], "direct exit": []}
     try:
         calls = len(fake.calls_of("getUpdates"))
         _wait(lambda: len(fake.calls_of("getUpdates")) > calls, "the bot never polled", bot)
+        held = HeldRun(workspace, "in")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
+        env.update(held.env)   # the agent run's own environment
         for i in range(2 * count):
             way = "telegram" if i % 2 == 0 else "direct"
             text = f"Unblock {i}?"
@@ -148,7 +151,7 @@ def reply_in(base: str, fake: FakeTelegram, count: int, seed: int) -> dict[str, 
                 if way == "telegram":
                     fake.push(CHAT, f"yes {i}", reply_to=message)
                 else:
-                    questions.answer(sdir, qid, f"yes {i}", now=now(), channel="bench")
+                    questions.answer(held.dir, qid, f"yes {i}", now=now(), channel="bench")
                 line = agent.stdout.readline()
                 t1 = time.monotonic()
                 agent.wait(timeout=30)
@@ -159,8 +162,11 @@ def reply_in(base: str, fake: FakeTelegram, count: int, seed: int) -> dict[str, 
                 out[f"{way} exit"].append(t2 - t0)
             finally:
                 stop_process(agent)
+        held.stop()
         return out
     finally:
+        if held is not None:
+            held.stop()
         stop_process(bot)
         shutil.rmtree(workspace, ignore_errors=True)
 
@@ -240,7 +246,8 @@ def run(base: str, count: int = 40, warmup: int = 3, sessions: int = 100,
             ms(t50), ms(d50) + " (answer file written directly)", ratio(t50, d50, 2),
             note=f"aim p50 <= 20 ms: {'met' if t50 <= 0.020 else 'NOT met'}; p99 {ms(t99)} "
                  f"(direct {ms(percentile(direct, 99))}); {len(tg)} replies; the reply goes "
-                 f"getUpdates -> route -> answer file -> the agent's watcher -> the answer "
+                 f"getUpdates -> route -> answer file -> the engine (the asker's run) -> "
+                 f"its reply in the work area's inbox -> the agent's watcher -> the answer "
                  f"printed"),
         Row("9 telegram", "reply received -> the `ask` process has exited, p50",
             ms(percentile(tg_exit, 50)), ms(percentile(direct_exit, 50)) + " (direct)",

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Callable, NamedTuple
 
-from session_store import REFUSED, Outbox, OutboxLine, hold_engine_lock
+from session_store import REFUSED, Outbox, OutboxLine, hold_engine_lock, outbox
 
 from .tools.emit import EmitError, check
 
@@ -75,7 +75,7 @@ class Inlet:
         if self._presence is None:   # a runner driven without the engine's loop (a test's)
             self.start()
         self._take(self._outbox.reset(run.id))
-        self.session.work.clear("inbox")
+        self.session.work.clear(outbox.INBOX)
         self._run = run
 
     def close_run(self) -> None:
@@ -91,7 +91,8 @@ class Inlet:
 
     def reply(self, request_id: str, data: dict) -> None:
         if _REQUEST_ID.fullmatch(request_id):
-            self.session.work.write(f"inbox/{request_id}.json", json.dumps(data), "reply")
+            self.session.work.write(f"{outbox.INBOX}/{request_id}.json", json.dumps(data),
+                                    "reply")
 
     # --- each line ---
 

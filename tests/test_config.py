@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from support import base_env, ralph, write_config
+from support import base_env, only_session, ralph, session_dirs, work_dir, write_config
 from engine import config as cfg
 from session_store import BadInput
 
@@ -43,7 +43,8 @@ def test_bad_config_names_file_and_path(workspace, config, path):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
         assert "ralph.yml" in r.stderr and f"{path}:" in r.stderr, r.stderr
-    assert not (workspace / ".ralph-sessions").exists()  # nothing created on bad input
+    # nothing created on bad input
+    assert not (workspace / ".ralph-sessions").exists() and not session_dirs(workspace)
 
 
 def test_validate_prints_every_error(workspace):
@@ -81,8 +82,12 @@ def test_session_snapshot_keeps_no_token(workspace):
     r = ralph(workspace, "session", "start", "obj", "--id", "s1",
               env=None)
     assert r.returncode == 0, r.stderr
-    for path in (workspace / ".ralph-sessions").rglob("*"):
-        if path.is_file():
+    sd = only_session(workspace)
+    assert "bot_token" in (sd / "config.yaml").read_text()   # the snapshot, less the token
+    for area in (sd, work_dir(sd)):   # the control plane and the agents' work area
+        files = [path for path in area.rglob("*") if path.is_file()]
+        assert files, area
+        for path in files:
             assert b"SECRET-MARKER-123" not in path.read_bytes(), path
 
 
@@ -100,7 +105,7 @@ def test_validate_and_start_refuse_the_same_telegram_config(workspace, robot, pa
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"ralph: error: ralph.yml: {path}: "), \
             (args, lines)
-    assert not (workspace / ".ralph-sessions").exists()
+    assert not (workspace / ".ralph-sessions").exists() and not session_dirs(workspace)
     if path.endswith("bot_token"):   # the environment's token counts for both
         env = base_env(RALPH_TELEGRAM_BOT_TOKEN="123:abc")
         r = ralph(workspace, "validate", env=env)

@@ -11,9 +11,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support import (session_dir, DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
-                     progress_markers, prompts, question_files, ralph, spawn, wait_for,
-                     write_config, write_scenario)
+from support import (DONE, EVIDENCE, events, metadata, only_session, plan, progress_markers,
+                     prompts, question_files, ralph, recorded, run_logs, script_agent,
+                     session_dir, spawn, wait_for, write_config, write_scenario)
 from support import start as start_demo
 from engine.humans import fallback
 from engine.config import Fallback
@@ -265,20 +265,43 @@ def test_the_same_blocker_three_times_pauses_with_the_trace(workspace):
     assert "Blockers (last resort)" in prompts(sd, "executor", "t1")[0]
 
 
+BAD_BLOCKERS = [({**blocker("x"), "cause": 3}, "$.cause"),
+                ({k: v for k, v in blocker("x").items() if k != "attempting"}, "$.attempting"),
+                ({**blocker("x"), "severity": "high"}, "$.severity"),
+                ({**blocker("x"), "timestamp": "yesterday"}, "$.timestamp"),
+                ({**blocker("x"), "attempted_resolution": ["ok", 1]},
+                 "$.attempted_resolution[1]")]
+
+
 def test_a_bad_blocker_is_refused_with_its_path(workspace):
-    ralph(workspace, "session", "start", "obj", "--id", "b", "--max-iterations", "1",
-          env=base_env(**FAST))
-    env = base_env(RALPH_SESSION_ID="b", RALPH_ROLE="executor")
-    for payload, path in (({**blocker("x"), "cause": 3}, "$.cause"),
-                          ({k: v for k, v in blocker("x").items() if k != "attempting"}, "$.attempting"),
-                          ({**blocker("x"), "severity": "high"}, "$.severity"),
-                          ({**blocker("x"), "timestamp": "yesterday"}, "$.timestamp"),
-                          ({**blocker("x"), "attempted_resolution": ["ok", 1]}, "$.attempted_resolution[1]")):
-        r = ralph(workspace, "emit", "blocker", "--json", json.dumps(payload), env=env)
-        assert r.returncode == 2 and path in r.stderr, (path, r.stderr)
-    assert ralph(workspace, "emit", "blocker", "--json", json.dumps(blocker("x")), env=env).returncode == 0
-    r = ralph(workspace, "emit", "confidence", "--json", '{"task_clarity": 3}', env=env)
-    assert r.returncode == 2 and "$.task_clarity" in r.stderr
+    """`ralph emit blocker` refuses a bad report in one line naming the field; the engine
+    refuses it too when an agent writes it to the outbox itself, past the CLI."""
+    payloads = [json.dumps(p) for p, _ in BAD_BLOCKERS]
+    script_agent(workspace, f"""
+        from engine.tools.emit import run_id
+        from session_store import outbox
+        record("bad", [ralph("emit", "blocker", "--json", p) for p in {payloads!r}])
+        record("good", ralph("emit", "blocker", "--json", {json.dumps(blocker("x"))!r}))
+        record("confidence", ralph("emit", "confidence", "--json", '{{"task_clarity": 3}}'))
+        outbox.post(os.environ["RALPH_SESSION_DIR"], {{
+            "kind": "event", "id": outbox.new_request_id(), "run": run_id(),
+            "topic": "blocker", "payload": json.loads({payloads[0]!r})}})
+    """, {"fallback": {"enabled": False}})
+    r = ralph(workspace, "session", "start", "obj", "--id", "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for r, (_, path) in zip(recorded(workspace, "bad", "b"), BAD_BLOCKERS):
+        assert r["code"] == 2 and path in r["err"], (path, r["err"])
+        assert len(r["err"].strip().splitlines()) == 1, r["err"]
+    assert recorded(workspace, "good", "b")["code"] == 0
+    r = recorded(workspace, "confidence", "b")
+    assert r["code"] == 2 and "$.task_clarity" in r["err"]
+    evs = events(only_session(workspace))
+    assert [(e["payload"], e["source"]) for e in evs if e["topic"] == "blocker"] == [
+        (blocker("x"), "executor")]
+    assert len([e for e in evs if e["topic"] == "cli.refused"]) == len(BAD_BLOCKERS) + 1
+    past_the_cli = [e["payload"] for e in evs if e["topic"] == "emit.refused"]
+    assert len(past_the_cli) == 1 and past_the_cli[0]["topic"] == "blocker"
+    assert "$.cause" in past_the_cli[0]["why"], past_the_cli
 
 
 # --- user control: the priority STEER ---
@@ -290,7 +313,7 @@ def test_priority_steer_interrupts_and_reruns_with_the_message(workspace):
              *DONE]
     proc = start(workspace, steps, {"fallback": {"enabled": False}})
     sd = session_dir(workspace, "fb")
-    wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t1.stdout")), timeout=30)
+    wait_for(lambda: run_logs(sd, "*-executor-t1.stdout"), timeout=30)
     time.sleep(0.3)
     started = time.monotonic()
     r = ralph(workspace, "signal", "steer", "Use Firefox only", "--priority", "--session", "fb")

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
 import os
 import sys
 import textwrap
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from support import (DONE, EVIDENCE, QUALITY, base_env, events, metadata, only_session, plan,
-                     progress_markers, prompts, ralph, start, write_config)
+                     progress_markers, prompts, ralph, recorded, script_agent, start,
+                     write_config)
 from engine import gates
 
 
@@ -294,32 +293,40 @@ def test_max_cost_pauses_with_exit_5(workspace, standins):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# --- the bus: 8 processes x 500 emits ---
+# --- the bus: 8 processes x 500 emits, from inside one run ---
 
-def _emitter(session_dir: str, worker: int, count: int) -> None:
-    from engine.tools.emit import main
-    os.environ.update({"RALPH_SESSION_DIR": session_dir, "RALPH_ROLE": f"w{worker}"})
-    sys.stdout = io.StringIO()
-    for i in range(count):
-        assert main(["load.test", "--json", json.dumps({"w": worker, "i": i})]) == 0
+EMITTER = """
+import io, json, sys
+from engine.tools.emit import main
+worker, sys.stdout = int(sys.argv[1]), io.StringIO()
+sys.exit(max(main(["load.test", "--json", json.dumps({"w": worker, "i": i})])
+             for i in range(500)))
+"""
 
 
 def test_eight_emitters_lose_nothing_and_never_interleave(workspace):
-    from session_store import create
-    session = create(str(workspace), "obj", now=datetime.now(timezone.utc), session_id="bus")
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_emitter, args=(session.dir, w, 500)) for w in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    raw = Path(session.dir, "events.jsonl").read_text().splitlines()
+    """Eight processes of one agent run emit 500 events each through the outbox while the
+    engine takes them: every one lands on the bus once, whole, in each emitter's order,
+    as the run's."""
+    script_agent(workspace, f"""
+        emitters = [subprocess.Popen([sys.executable, "-c", {EMITTER!r}, str(w)])
+                    for w in range(8)]
+        record("emitters", [p.wait(timeout=300) for p in emitters])
+    """, {"fallback": {"enabled": False}})
+    r = ralph(workspace, "session", "start", "obj", "--id", "bus", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert recorded(workspace, "emitters", "bus") == [0] * 8
+    sd = only_session(workspace)
+    raw = (sd / "events.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in raw]  # every line is one whole record
-    assert len(records) == 4001
-    assert [r["seq"] for r in records] == list(range(1, 4002))
-    seen = {(r["payload"]["w"], r["payload"]["i"]) for r in records[1:]}
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert not [r for r in records if r["topic"] in ("emit.refused", "cli.refused")]
+    loaded = [r for r in records if r["topic"] == "load.test"]
+    assert len(loaded) == 4000
+    assert {(r["source"], r["run"]) for r in loaded} == {
+        ("executor", next(r["run"] for r in records if r["topic"] == "build.done"))}
+    seen = {(r["payload"]["w"], r["payload"]["i"]) for r in loaded}
     assert seen == {(w, i) for w in range(8) for i in range(500)}
     for w in range(8):  # each emitter's own order is kept
-        mine = [r["payload"]["i"] for r in records[1:] if r["payload"]["w"] == w]
+        mine = [r["payload"]["i"] for r in loaded if r["payload"]["w"] == w]
         assert mine == list(range(500))

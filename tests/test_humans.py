@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, only_session, plan,
-                     progress_markers, prompts, question_files, ralph, spawn, wait_for)
+from support import (DONE, EVIDENCE, events, finish, metadata, only_session, plan,
+                     progress_markers, prompts, question_files, ralph, recorded, run_logs,
+                     script_agent, session_dir, spawn, wait_for, work_dir)
 from support import start as start_demo
 
 
@@ -199,7 +200,7 @@ def test_late_answer_reaches_the_next_prompt_as_guidance(workspace):
              *DONE]
     proc = start(workspace, steps, {"RObot": {"timeout_seconds": 1}})
     sd = session_dir(workspace, "h")
-    wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t2.stdout")), timeout=30)
+    wait_for(lambda: run_logs(sd, "*-executor-t2.stdout"), timeout=30)
     qid = question_files(sd)[0]["id"]
     assert question_files(sd)[0]["status"] == "timed_out"
     assert ralph(workspace, "session", "answer", "h", "spaces", "--question", qid).returncode == 0
@@ -207,7 +208,7 @@ def test_late_answer_reaches_the_next_prompt_as_guidance(workspace):
     assert proc.returncode == 0, out + err
     reviewer = prompts(sd, "reviewer", "t1")[0]
     assert "## ROBOT GUIDANCE" in reviewer and "Late answer" in reviewer and "spaces" in reviewer
-    assert "late answer to" in (sd / "scratchpad.md").read_text()
+    assert "late answer to" in (work_dir(sd) / "scratchpad.md").read_text()
 
 
 def test_in_run_ask_answered_and_timed_out(workspace):
@@ -234,23 +235,58 @@ def test_in_run_ask_answered_and_timed_out(workspace):
     assert qid
 
 
+ASKER = """
+    record("quick", ralph("tools", "interact", "ask", "Quick?", "--timeout", "0.5",
+                          "--default", "no"))
+    asker = subprocess.Popen([sys.executable, "-m", "engine", "tools", "interact", "ask",
+                              "Really?", "--timeout", "60"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    asked = os.path.join(os.environ["RALPH_CONTROL_DIR"], "questions")
+    while len([n for n in os.listdir(asked) if n.endswith(".yaml")]) < 2:
+        time.sleep(0.02)
+    # the agent answers its own question: refused, with its environment or without
+    record("self", [ralph("session", "answer", "yes"),
+                    ralph("session", "answer", "yes", **{k: None for k in os.environ
+                                                          if k.startswith("RALPH_")})])
+    out, err = asker.communicate(timeout=90)
+    record("really", {"code": asker.returncode, "out": out, "err": err})
+    record("progress", ralph("tools", "interact", "progress", "halfway there"))
+"""
+
+
 def test_interact_ask_cli_exit_codes(workspace):
-    ralph(workspace, "session", "start", "obj", "--id", "cli", "--max-iterations", "1",
-          env=base_env(**FAST))
-    sd = only_session(workspace)
-    env = base_env(RALPH_SESSION_ID="cli", RALPH_ROLE="executor")
-    r = ralph(workspace, "tools", "interact", "ask", "Quick?", "--timeout", "0.5",
-              "--default", "no", env=env)
-    assert r.returncode == 3 and r.stdout.strip() == "no"
-    proc = spawn(workspace, "tools", "interact", "ask", "Really?", "--timeout", "30", env=env)
-    qid = wait_for(lambda: [q["id"] for q in question_files(sd) if q["status"] == "pending"])[0]
-    assert ralph(workspace, "session", "answer", "cli", "yes", "--question", qid).returncode == 0
-    out, _err = proc.communicate(timeout=20)
-    assert proc.returncode == 0 and out.strip() == "yes"
-    r = ralph(workspace, "tools", "interact", "progress", "halfway there", env=env)
-    assert r.returncode == 0
-    assert events(sd)[-1]["topic"] == "human.progress"
-    assert events(sd)[-1]["payload"] == "halfway there"
+    """`ralph tools interact ask` inside a run: 3 and the default on its timeout, 0 and
+    the human's answer; the agent cannot answer it itself; outside a run it is refused."""
+    script_agent(workspace, ASKER, {"RObot": {"timeout_seconds": 120}})
+    proc = spawn(workspace, "session", "start", "obj", "--id", "cli")
+    sd = session_dir(workspace, "cli")
+    tried = recorded(workspace, "self", "cli")
+    for r in tried:
+        assert r["code"] == 2 and "refused inside" in r["err"], r
+        assert len(r["err"].strip().splitlines()) == 1, r
+    qid = wait_for(lambda: [q["id"] for q in question_files(sd) if q["status"] == "pending"])
+    assert len(qid) == 1
+    # a terminal is no agent run: it has nobody to ask for
+    r = ralph(workspace, "tools", "interact", "ask", "From a terminal?", "--timeout", "5",
+              "--session", "cli")
+    assert r.returncode == 2 and "agent runs only" in r.stderr, r.stderr
+    assert ralph(workspace, "session", "answer", "cli", "yes", "--question", qid[0]
+                 ).returncode == 0
+    code, out, err = finish(proc)
+    assert code == 0, out + err
+    quick, really = recorded(workspace, "quick", "cli"), recorded(workspace, "really", "cli")
+    assert quick["code"] == 3 and quick["out"].strip() == "no", quick
+    assert really["code"] == 0 and really["out"].strip() == "yes", really
+    assert recorded(workspace, "progress", "cli")["code"] == 0
+    assert {q["text"]: q["status"] for q in question_files(sd)} == {
+        "Quick?": "timed_out", "Really?": "answered"}
+    evs = events(sd)
+    progress = [e for e in evs if e["topic"] == "human.progress"]
+    assert [(e["payload"], e["source"]) for e in progress] == [("halfway there", "executor")]
+    refused = [e["payload"]["command"] for e in evs if e["topic"] == "cli.refused"]
+    assert refused == ["session answer", "session answer"]
+    assert [(e["payload"]["id"], e["payload"]["answer"]) for e in evs
+            if e["topic"] == "human.response"] == [(qid[0], "yes")]
 
 
 def test_guidance_is_squashed_numbered_and_recorded(workspace):
@@ -260,7 +296,7 @@ def test_guidance_is_squashed_numbered_and_recorded(workspace):
              *DONE]
     proc = start(workspace, steps)
     sd = session_dir(workspace, "h")
-    wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-t1.stdout")))
+    wait_for(lambda: run_logs(sd, "*-executor-t1.stdout"))
     for message in ("use tabs", "target Python 3.11"):
         assert ralph(workspace, "signal", "info", message, "--session", "h").returncode == 0
         time.sleep(0.02)
@@ -272,7 +308,7 @@ def test_guidance_is_squashed_numbered_and_recorded(workspace):
     assert order == sorted(order)
     # used in one prompt only
     assert "use tabs" not in prompts(sd, "planner", iteration=2)[0]
-    pad = (sd / "scratchpad.md").read_text()
+    pad = (work_dir(sd) / "scratchpad.md").read_text()
     assert "use tabs" in pad and "target Python 3.11" in pad
 
 

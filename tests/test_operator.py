@@ -9,14 +9,15 @@ import time
 
 import yaml
 
-from support import (session_dir, DONE, EVIDENCE, FAST, base_env, events, metadata, plan, prompts, ralph, spawn,
-                     wait_for, write_config)
+from support import (DONE, EVIDENCE, FAST, base_env, events, metadata, plan, prompts,
+                     question_files, ralph, run_logs, session_dir, spawn, wait_for,
+                     write_config)
 from support import demo_config as demo   # a scenario and a ralph.yml playing it
 
 
 def runs(sd) -> int:
     """Agent runs so far: each leaves its prompt in the logs."""
-    return len(list(sd.glob("iterations/*/logs/*.prompt.md")))
+    return len(run_logs(sd, "*.prompt.md"))
 
 
 def kill_engine_mid_run(workspace, sid: str, role_log: str):
@@ -24,7 +25,7 @@ def kill_engine_mid_run(workspace, sid: str, role_log: str):
     proc = spawn(workspace, "session", "start", "operator objective", "--id", sid,
                  env=base_env())
     sd = session_dir(workspace, sid)
-    wait_for(lambda: list(sd.glob(f"iterations/*/logs/*-{role_log}.stdout")))
+    wait_for(lambda: run_logs(sd, f"*-{role_log}.stdout"))
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     return sd
@@ -37,6 +38,7 @@ def test_queued_abort_on_an_interrupted_session_is_read_before_any_run(workspace
     sd = kill_engine_mid_run(workspace, "q4", "planner")
     assert metadata(sd)["status"] == "active"
     before = runs(sd)
+    assert before > 0
     assert ralph(workspace, "signal", "abort", "enough", "--session", "q4").returncode == 0
     started = time.monotonic()
     r = ralph(workspace, "session", "resume", "q4", env=base_env(**FAST))
@@ -49,6 +51,7 @@ def test_queued_pause_on_an_interrupted_session_is_read_before_any_run(workspace
     demo(workspace, [{"role": "planner", "sleep": 30}])
     sd = kill_engine_mid_run(workspace, "q4p", "planner")
     before = runs(sd)
+    assert before > 0
     assert ralph(workspace, "signal", "pause", "hold on", "--session", "q4p").returncode == 0
     r = ralph(workspace, "session", "resume", "q4p", env=base_env(**FAST))
     assert r.returncode == 3, r.stdout + r.stderr
@@ -81,8 +84,7 @@ def test_the_pause_message_reaches_the_resumed_run(workspace):
 # --- 2. no false fallback questions ---
 
 def fallback_questions(sd):
-    return [yaml.safe_load(p.read_text()) for p in sorted((sd / "questions").glob("*.yaml"))
-            if yaml.safe_load(p.read_text())["kind"] == "fallback"]
+    return [q for q in question_files(sd) if q["kind"] == "fallback"]
 
 
 def test_failures_before_a_pause_raise_no_question_after_resume(workspace):
@@ -160,7 +162,7 @@ def question_file(sd, qid):
 
 def in_run_question(sd):
     def find():
-        qs = [yaml.safe_load(p.read_text()) for p in sd.glob("questions/*.yaml")]
+        qs = question_files(sd) if sd.exists() else []
         return next((q["id"] for q in qs if q["kind"] == "in_run" and q["status"] == "pending"),
                     None)
     return wait_for(find)
@@ -243,7 +245,8 @@ def test_the_questioner_is_off_by_default(workspace):
     r = ralph(workspace, "session", "start", "operator objective", "--id", "q7o",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stderr
-    assert not list((session_dir(workspace, "q7o")).glob("iterations/*/logs/*questioner*"))
+    sd = session_dir(workspace, "q7o")
+    assert run_logs(sd, "*-planner.prompt.md") and not run_logs(sd, "*questioner*")
 
 
 def test_only_the_questioner_can_be_switched_off(workspace):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from support import (EVIDENCE, FAST, base_env, events, metadata, only_session, progress_markers,
-                     work_dir,
-                     ralph, write_config, write_scenario)
+from support import (EVIDENCE, FAST, base_env, events, finish, held, metadata, only_session,
+                     progress_markers, ralph, recorded, run_logs, script_agent, session_dir,
+                     session_dirs, spawn, wait_for, work_dir, write_config, write_scenario)
 from engine.machine import allowed
 from states import State
 
@@ -49,7 +49,7 @@ def test_demo_session_end_to_end(workspace):
                  "iterations/1/knowledge/promoted.yaml"):
         assert (sd / name).exists(), name
     # the work area, in the workspace: the agents' side
-    work = session_dir(workspace, sd.name)
+    work = workspace / ".ralph-sessions" / sd.name
     assert work_dir(sd) == work
     for name in ("scratchpad.md", "outbox.jsonl", "iterations/1/logs", "iterations/1/knowledge"):
         assert (work / name).exists(), name
@@ -99,7 +99,7 @@ def test_command_agent_gets_env_and_emits_with_the_cli(workspace):
     r = ralph(workspace, "session", "start", "Objective for a shell agent", "--id", "sh1")
     assert r.returncode == 0, r.stdout + r.stderr
     sd = only_session(workspace)
-    logs = sd / "iterations/1/logs"
+    logs = work_dir(sd) / "iterations/1/logs"
     prompt = (logs / "prompt-executor-only.md").read_text()
     order = [prompt.index(h) for h in ("## OBJECTIVE", "## PENDING EVENTS", "## ROLE: EXECUTOR",
                                        "## SKILLS")]
@@ -107,13 +107,16 @@ def test_command_agent_gets_env_and_emits_with_the_cli(workspace):
     env = dict(line.split("=", 1) for line in (logs / "env-executor-only").read_text().splitlines())
     assert env["RALPH_SESSION_ID"] == "sh1" and env["RALPH_ROLE"] == "executor"
     assert env["RALPH_TASK_ID"] == "only" and env["RALPH_ITERATION"] == "1"
-    assert env["RALPH_STATE"] == "EXECUTING_BATCH" and env["RALPH_SESSION_DIR"] == str(sd)
-    assert env["RALPH_WORKSPACE"] == str(workspace)
-    assert env["RALPH_ITERATION_DIR"] == str(sd / "iterations/1")
+    assert env["RALPH_STATE"] == "EXECUTING_BATCH" and env["RALPH_WORKSPACE"] == str(workspace)
+    # the agent writes its work area; it may read the control plane, never write it
+    assert env["RALPH_SESSION_DIR"] == str(work_dir(sd))
+    assert env["RALPH_ITERATION_DIR"] == str(work_dir(sd) / "iterations/1")
+    assert env["RALPH_CONTROL_DIR"] == str(sd)
     assert "RALPH_TASK_ID" not in (logs / "env-planner-none").read_text()
     built = [e for e in events(sd) if e["topic"] == "build.done"]
     assert built[0]["source"] == "executor" and built[0]["iteration"] == 1
     assert built[0]["state"] == "EXECUTING_BATCH"
+    assert built[0]["run"] == env["RALPH_RUN_ID"]
     assert progress_markers(sd) == {"1": {"only": "x"}}
 
 
@@ -174,7 +177,7 @@ def test_failures_end_tasks_failed_and_the_timeout_kills_the_group(workspace):
     assert metadata(sd)["tasks"]["failed"] == 3
     for task in ("blocked", "crashes", "hangs"):
         assert "not reviewed" in (sd / f"iterations/1/reviews/{task}.md").read_text()
-    assert list((sd / "iterations/1/logs").glob("*-executor-hangs.stdout"))
+    assert run_logs(sd, "*-executor-hangs.stdout", iteration=1)
 
 
 def test_max_iterations_pauses_with_exit_5_and_resume_raises_it(workspace):
@@ -205,27 +208,49 @@ def test_max_runtime_pauses_with_exit_5(workspace):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+BAD_EMITS = (["emit"], ["emit", "bad topic!"], ["emit", "x", "--json", "{nope"],
+             ["emit", "x", "p", "--json", "1"], ["emit", "..", "p"],
+             ["emit", "session.pause", "me"], ["emit", "human.response", "yes"])
+
+
 def test_emit_validates_topic_and_json(workspace):
-    ralph(workspace, "session", "start", "obj", "--id", "e1", "--max-iterations", "1",
-          env=base_env(**FAST))
+    """`ralph emit` inside a run: the event is the run's (its role, whatever the
+    environment claims); a bad one is refused in one line and recorded. From a terminal,
+    the one open session is found and the event is the CLI's; with no engine, nobody takes
+    it."""
+    script_agent(workspace, f"""
+        record("good", [ralph("emit", "cost", "--json", '{{"usd": 0.5}}'),
+                        ralph("emit", "note", "a forged role", RALPH_ROLE="reviewer")])
+        record("bad", [ralph(*args) for args in {BAD_EMITS!r}])
+        hold("terminal")
+    """)
+    proc = spawn(workspace, "session", "start", "obj", "--id", "e1")
+    with held(workspace, "terminal", "e1"):
+        r = ralph(workspace, "emit", "note", "from a terminal")
+        assert r.returncode == 0 and r.stdout == "emitted note\n", r.stderr
+    code, out, err = finish(proc)
+    assert code == 0, out + err
+    good, bad = recorded(workspace, "good", "e1"), recorded(workspace, "bad", "e1")
+    assert [(g["code"], g["out"]) for g in good] == [(0, "emitted cost\n"), (0, "emitted note\n")]
+    for r in bad:
+        assert r["code"] == 2, r
+        assert len(r["err"].strip().splitlines()) == 1 and "Traceback" not in r["err"], r
+    assert "reserved" in bad[-2]["err"] and "reserved" in bad[-1]["err"]
     sd = only_session(workspace)
-    env = base_env(RALPH_SESSION_DIR=sd, RALPH_ROLE="executor", RALPH_ITERATION=1)
-    ok = ralph(workspace, "emit", "build.done", "tests: pass", env=env)
-    assert ok.returncode == 0, ok.stderr
-    assert ralph(workspace, "emit", "cost", "--json", '{"usd": 0.5}', env=env).returncode == 0
-    for bad in (["emit"], ["emit", "bad topic!"], ["emit", "x", "--json", "{nope"],
-                ["emit", "x", "p", "--json", "1"], ["emit", "..", "p"]):
-        r = ralph(workspace, *bad, env=env)
-        assert r.returncode == 2, bad
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    last = events(sd)[-2:]
-    assert [(e["topic"], e["source"]) for e in last] == [("build.done", "executor"),
-                                                          ("cost", "executor")]
-    assert last[1]["payload"] == {"usd": 0.5}
-    # outside an agent, the workspace's one open session is found
-    r = ralph(workspace, "emit", "note", "from a terminal")
-    assert r.returncode == 0, r.stderr
-    assert events(sd)[-1]["source"] == "cli"
+    evs = events(sd)
+    run = next(e["run"] for e in evs if e["topic"] == "cost")
+    assert [(e["topic"], e["payload"], e["source"], e.get("run")) for e in evs
+            if e["topic"] in ("cost", "note")] == [
+        ("cost", {"usd": 0.5}, "executor", run), ("note", "a forged role", "executor", run),
+        ("note", "from a terminal", "cli", None)]
+    refused = [e for e in evs if e["topic"] == "cli.refused"]
+    assert len(refused) == len(BAD_EMITS) and {e["source"] for e in refused} == {"executor"}
+    assert not any(e["topic"] in ("session.pause", "human.response") for e in evs)
+    # no engine runs the session now: nobody would take it
+    r = ralph(workspace, "emit", "note", "too late", "--session", "e1")
+    assert r.returncode == 2 and "no engine runs this session" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not [e for e in events(sd) if e["payload"] == "too late"]
 
 
 def test_status_and_list_in_text_and_json(workspace):
@@ -261,7 +286,6 @@ def test_objective_from_file_and_missing_objective(workspace):
 def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
     import signal as sig
 
-    from support import spawn, wait_for
     scenario = write_scenario(workspace, [
         {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
             "tasks": [{"id": "slow", "title": "S"}]}}]},
@@ -273,7 +297,7 @@ def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
     for signum, code, sid in ((sig.SIGINT, 130, "int"), (sig.SIGTERM, 143, "term")):
         proc = spawn(workspace, "session", "start", "obj", "--id", sid)
         sd = session_dir(workspace, sid)
-        wait_for(lambda: list(sd.glob("iterations/1/logs/*-executor-slow.stdout")))
+        wait_for(lambda: run_logs(sd, "*-executor-slow.stdout"))
         time.sleep(0.3)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=20)
@@ -307,7 +331,7 @@ def test_the_workspace_holds_the_config(tmp_path):
               env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
     assert progress_markers(session_dir(ws, "w1")) == {"1": {"only_in_w": "x"}}
-    assert not (here / ".ralph-sessions").exists()
+    assert not (here / ".ralph-sessions").exists() and not session_dirs(here)
     write_config(here, {"event_loop": {"max_iterations": "x"}}, name="mine.yml")
     r = ralph(here, "--workspace", ws, "validate", "-c", "mine.yml")
     assert r.returncode == 2 and "mine.yml: $.event_loop.max_iterations" in r.stderr, r.stderr
@@ -383,7 +407,6 @@ def test_resume_and_answer_default_to_the_only_open_session(workspace):
     ])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
                              "RObot": {"timeout_seconds": 600}})
-    from support import spawn, wait_for
     proc = spawn(workspace, "session", "start", "obj", "--id", "only")
     sd = session_dir(workspace, "only")
     wait_for(lambda: list(sd.glob("questions/*.yaml")))
@@ -399,21 +422,25 @@ def test_resume_and_answer_default_to_the_only_open_session(workspace):
 
 def test_emit_takes_the_session_flag_its_error_names(workspace):
     """Issue 13, item 12: with two open sessions emit asks for --session; given, it works."""
-    for sid in ("e1", "e2"):
-        r = ralph(workspace, "session", "start", "obj", "--id", sid, "--max-iterations", "1",
-                  env=base_env(**FAST))
-        assert r.returncode == 5, r.stderr
-    r = ralph(workspace, "emit", "note", "hello")
-    assert r.returncode == 2 and "--session" in r.stderr
-    for args in (["emit", "note", "hello", "--session", "e2"],
-                 ["emit", "--session=e2", "note2", "--json", '{"a": 1}'],
-                 ["--workspace", workspace, "emit", "note3", "--session", "e2"]):
-        r = ralph(workspace, *args)
-        assert r.returncode == 0, (args, r.stderr)
-    last = [(e["topic"], e["payload"]) for e in events(session_dir(workspace, "e2"))][-3:]
-    assert last == [("note", "hello"), ("note2", {"a": 1}), ("note3", None)]
-    r = ralph(workspace, "emit", "note", "--session", "nope")
-    assert r.returncode == 2 and "unknown session" in r.stderr
+    script_agent(workspace, 'hold("terminal")')
+    procs = [spawn(workspace, "session", "start", "obj", "--id", sid) for sid in ("e1", "e2")]
+    with held(workspace, "terminal", "e1"), held(workspace, "terminal", "e2"):
+        r = ralph(workspace, "emit", "note", "hello")
+        assert r.returncode == 2 and "--session" in r.stderr
+        for args in (["emit", "note", "hello", "--session", "e2"],
+                     ["emit", "--session=e2", "note2", "--json", '{"a": 1}'],
+                     ["--workspace", workspace, "emit", "note3", "--session", "e2"]):
+            r = ralph(workspace, *args)
+            assert r.returncode == 0, (args, r.stderr)
+        r = ralph(workspace, "emit", "note", "--session", "nope")
+        assert r.returncode == 2 and "unknown session" in r.stderr
+    for proc in procs:
+        code, out, err = finish(proc)
+        assert code == 0, out + err
+    notes = {sid: [(e["topic"], e["payload"], e["source"]) for e in events(session_dir(
+        workspace, sid)) if e["topic"].startswith("note")] for sid in ("e1", "e2")}
+    assert notes == {"e1": [], "e2": [("note", "hello", "cli"), ("note2", {"a": 1}, "cli"),
+                                      ("note3", None, "cli")]}
 
 
 def test_a_closed_pipe_ends_the_output_quietly(workspace):

@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 import yaml
-from pathlib import Path
 
 from support import REPO, base_env, ralph
 from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
@@ -21,7 +21,8 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 def test_create_lays_out_the_session(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
-    control, work = Path(s.dir), session_dir(workspace, "s1")
+    control, work = Path(s.dir), workspace / ".ralph-sessions/s1"
+    assert Path(s.work_dir) == work
     assert not control.is_relative_to(workspace)   # the control plane: out of agents' reach
     for sub in ("signals/inputs", "signals/processed", "signals/rejected", "questions",
                 "answers", "iterations/1/tasks", "iterations/1/knowledge"):
@@ -34,8 +35,20 @@ def test_create_lays_out_the_session(workspace):
     assert meta["orchestrator"]["state"] == "PLANNING" and meta["status"] == "active"
     assert [e["topic"] for e in read_events(s.dir)[0]] == ["session.created"]
     # private: session data can carry secrets
-    assert oct(os.stat(s.dir).st_mode & 0o777) == "0o700"
+    for folder in (control, work):
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700", folder
     assert oct(os.stat(os.path.join(s.dir, "metadata.yaml")).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(work / "scratchpad.md").st_mode & 0o777) == "0o600"
+
+
+def test_a_state_directory_inside_the_workspace_is_refused(workspace):
+    """The control plane kept where agents write would be theirs to rewrite: refused in
+    one line, before anything is made."""
+    env = base_env(RALPH_STATE_DIR=workspace / "state")
+    r = ralph(workspace, "session", "start", "obj", "--id", "s1", env=env)
+    assert r.returncode == 2 and "lies inside the workspace" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (workspace / "state").exists() and not (workspace / ".ralph-sessions").exists()
 
 
 def test_create_refuses_an_existing_or_bad_id(workspace):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .cli import RALPH, REPO, base_env
-from .disk import session_dir
+from .disk import session_dir, work_dir
 from .model_server import Brain, ModelServer
 
 AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
@@ -82,14 +82,16 @@ class Rig:
                               capture_output=True, text=True, timeout=60)
 
     def session_dir(self, sid: str = "real") -> Path:
+        """The session's control plane."""
         return session_dir(self.ws, sid)
 
 
-def processes_marked(session_dir: Path) -> list[tuple[int, str]]:
-    """Live processes carrying the session's run mark: (pid, command line)."""
+def processes_marked(sd: Path) -> list[tuple[int, str]]:
+    """Live processes carrying the run mark of the session whose control plane is `sd`
+    (runs are marked with its work area): (pid, command line)."""
     from engine.agents import containment
     found = []
-    for pid in containment.find(str(session_dir)):
+    for pid in containment.find(str(work_dir(sd))):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
@@ -98,12 +100,12 @@ def processes_marked(session_dir: Path) -> list[tuple[int, str]]:
     return found
 
 
-def wait_for_process(session_dir: Path, needle: str, timeout: float = 60) -> int:
+def wait_for_process(sd: Path, needle: str, timeout: float = 60) -> int:
     """The pid of the session's marked process whose command line holds `needle`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid, cmd in processes_marked(session_dir):
+        for pid, cmd in processes_marked(sd) if sd.exists() else []:
             if needle in cmd:
                 return pid
         time.sleep(0.05)
-    raise AssertionError(f"no process running {needle!r} in {session_dir}")
+    raise AssertionError(f"no process running {needle!r} in {sd}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from session_store import control_root
+from session_store import control_root, work_root
 
 
 def session_dirs(ws: Path) -> list[Path]:
@@ -24,8 +24,18 @@ def session_dir(ws: Path, sid: str) -> Path:
 
 def work_dir(sd: Path) -> Path:
     """The work area (in the workspace) of the session whose control plane is `sd`."""
-    ws = Path((Path(sd).parent.parent / "workspace").read_text().strip())
-    return ws / ".ralph-sessions" / Path(sd).name
+    ws = (Path(sd).parent.parent / "workspace").read_text().strip()
+    return Path(work_root(ws)) / Path(sd).name
+
+
+def run_logs(sd: Path, pattern: str = "*", iteration: int | str = "*") -> list[Path]:
+    """The agent runs' log files matching `pattern` (`*-executor-t1.stdout`,
+    `*.prompt.md`) in the work area's iterations/<iteration>/logs/, in run order (their
+    names begin with the run's number); none before the session exists."""
+    if not Path(sd).exists():
+        return []
+    return sorted(work_dir(sd).glob(f"iterations/{iteration}/logs/{pattern}"),
+                  key=lambda p: p.name)
 
 
 def only_session(ws: Path) -> Path:
@@ -82,8 +92,7 @@ def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
 def prompts(sd: Path, role: str, task: str | None = None, iteration: int = 1) -> list[str]:
     """The prompts `role` (on `task`) was given in `iteration`, in invocation order."""
     name = f"{role}-{task}" if task else role
-    logs = work_dir(sd) / "iterations" / str(iteration) / "logs"
-    return [p.read_text() for p in sorted(logs.glob(f"*-{name}.prompt.md"))]
+    return [p.read_text() for p in run_logs(sd, f"*-{name}.prompt.md", iteration)]
 
 
 def question_files(sd: Path) -> list[dict]:
