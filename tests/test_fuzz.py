@@ -438,6 +438,62 @@ def test_whatever_the_fast_reader_accepts_pyyaml_reads_the_same(doc, at, cut, in
     assert fast == yaml.safe_load(text), text
 
 
+# mappings as (key, value) pairs, so that a key can repeat; a value is a scalar's YAML
+# text, a mapping, or a list of mappings
+DUP_KEYS = st.sampled_from(["a", "b", "type", '"a b"', "1", "1.0"])
+DUP_SCALARS = st.sampled_from(['"x"', "1", "yes", "~", "[1, 2]", '"\\u00e9"'])
+DUP_TREES = st.recursive(
+    st.lists(st.tuples(DUP_KEYS, DUP_SCALARS), min_size=1, max_size=4),
+    lambda inner: st.lists(st.tuples(DUP_KEYS, DUP_SCALARS | inner | st.tuples(
+        inner, inner)), min_size=1, max_size=4), max_leaves=12)
+
+
+def _render(pairs, pad: str, out: list[str], path: str, repeats: set) -> None:
+    """Block YAML of `pairs` into `out`; `repeats` gets (path, key, line) of each key
+    met again in its mapping."""
+    seen = set()
+    for key, value in pairs:
+        name = yaml.safe_load(f"{key}: 0")   # as YAML reads the key: "1" and "1.0" are one
+        (name,) = name
+        if name in seen:
+            shown_key = name if isinstance(name, str) and re.fullmatch(r"\w+", name) \
+                and not name[0].isdigit() else repr(name)
+            repeats.add((path, shown_key, len(out) + 1))
+        seen.add(name)
+        part = f".{name}" if isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w*", name) \
+            else f"[{name!r}]"
+        if isinstance(value, str):
+            out.append(f"{pad}{key}: {value}")
+        elif isinstance(value, tuple):   # a list of two mappings
+            out.append(f"{pad}{key}:")
+            for i, item in enumerate(value):
+                start = len(out)
+                _render(item, pad + "    ", out, f"{path}{part}[{i}]", repeats)
+                out[start] = f"{pad}  - {out[start].lstrip()}"
+        else:
+            out.append(f"{pad}{key}:")
+            _render(value, pad + "  ", out, path + part, repeats)
+
+
+@settings(**budget("duplicate_keys", 800))
+@given(tree=DUP_TREES)
+def test_a_key_repeated_in_any_mapping_is_refused_with_its_path(tree):
+    """PyYAML keeps the last of equal keys, silently; the store's reader (signals,
+    questions, answers, the config) refuses the document, naming the mapping's path, the
+    key and the line of its repeat."""
+    CASES["duplicate_keys"] += 1
+    out, repeats = [], set()
+    _render(tree, "", out, "$", repeats)
+    text = "\n".join(out) + "\n"
+    if not repeats:
+        assert parse_yaml(text, "f") == yaml.safe_load(text), text
+        return
+    with pytest.raises(BadInput) as e:
+        parse_yaml(text, "f")
+    said = re.fullmatch(r"f: (\$.*?): duplicate key (.+) \(line (\d+)\)", str(e.value))
+    assert said and (said[1], said[2], int(said[3])) in repeats, (str(e.value), repeats, text)
+
+
 # --- answers and question ids ---
 
 @pytest.fixture(scope="module")
@@ -546,6 +602,22 @@ def test_a_question_file_naming_another_id_is_refused(tmp_path):
             with pytest.raises(BadInput):
                 questions.save_question(session.dir, dataclasses.replace(q, id=forged))
     assert not list(tmp_path.rglob("escaped*"))
+
+
+def test_question_and_answer_files_with_a_duplicate_key_are_refused(tmp_path):
+    """A second `text:` in an answer (or `status:` in a question) is not an answer of
+    either value: refused with the path, as in every file the store reads."""
+    session = create(str(tmp_path), "o", now=now(), session_id="s1")
+    _ask(session.dir, "q1")
+    questions.answer(session.dir, "q1", "yes", now=now(), channel="cli")
+    for name, key, read in (("questions/q1.yaml", "status", questions.load_question),
+                            ("answers/q1.yaml", "text", questions.read_answer)):
+        path = Path(session.dir, name)
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join(lines + [f'{key}: "forged"']) + "\n")
+        with pytest.raises(BadInput) as e:
+            read(session.dir, "q1")
+        assert str(e.value) == f"{path}: $: duplicate key {key} (line {len(lines) + 1})"
 
 
 # --- session ids and targets ---
