@@ -12,7 +12,7 @@ def cmd_interact_ask(args) -> int:
     from ..tools.interact import ask_and_wait
     answer, answered = ask_and_wait(args.question, timeout=args.timeout, default=args.default,
                                     options=args.option or [], session_id=args.session,
-                                    workspace=workspace(args))
+                                    workspace=workspace(args), timeout_name="--timeout")
     if answer is not None:
         print(answer, flush=True)   # at once: the interpreter's exit takes tens of ms more
     return EXIT_OK if answered else EXIT_PAUSED
