@@ -13,11 +13,11 @@ def dirs(session_dir: str) -> tuple[str, str, str]:
 
 
 def waiting(session_dir: str) -> list[str]:
-    """Signal files in inputs/, oldest first (their names start with the time).
-    Directories are no signal files: they are left alone."""
+    """What waits in inputs/, oldest first (signal files' names start with the time):
+    every entry but the hidden ones (writers' temp files), directories too, which the
+    engine rejects like any entry that is no signal file."""
     inputs, _, _ = dirs(session_dir)
     try:
-        return sorted(e.name for e in os.scandir(inputs)
-                      if not e.name.startswith(".") and not e.is_dir(follow_symlinks=False))
+        return sorted(n for n in os.listdir(inputs) if not n.startswith("."))
     except FileNotFoundError:
         return []

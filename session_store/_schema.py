@@ -44,10 +44,18 @@ def parse_yaml(text: str | bytes, source: str):
 
 
 def _pyyaml_load(text: str | bytes, source: str):
+    """yaml.safe_load, refusing duplicate keys (PyYAML keeps the last one silently: a
+    second `type:` in a signal, a second `backend:` in a config would win unseen)."""
     import yaml
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        return yaml.load(text, Loader=loader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicate = _duplicate_key(loader, node)
+        if duplicate:
+            raise BadInput(f"{source}: {duplicate}")
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -58,6 +66,44 @@ def _pyyaml_load(text: str | bytes, source: str):
         detail = str(e).splitlines()[0][:120] if str(e) else ""
         raise BadInput(f"{source}: not valid YAML: {type(e).__name__}"
                        + (f": {detail}" if detail else "")) from None
+    finally:
+        loader.dispose()
+
+
+_MERGE = "tag:yaml.org,2002:merge"   # `<<: *base`: its keys may be overridden
+
+
+def _duplicate_key(loader, root) -> str | None:
+    """'$.path: duplicate key NAME (line N)' for the first mapping that repeats a key,
+    else None. Each node is visited once (an alias is not walked again: an alias bomb
+    costs its size in nodes, not in leaves); keys compare as the mapping would (1, 1.0
+    and true are one key)."""
+    from yaml import MappingNode, ScalarNode, SequenceNode
+    todo, seen = [(root, "$")], set()
+    while todo:
+        node, path = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, SequenceNode):
+            todo += [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        elif isinstance(node, MappingNode):
+            keys: set = set()
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE:
+                    continue   # a complex key is refused when built; merged keys may repeat
+                key = loader.construct_object(key_node)
+                if key in keys:
+                    named = key if isinstance(key, str) and _PLAIN_KEY.match(key) else shown(key)
+                    return f"{path}: duplicate key {named} (line {key_node.start_mark.line + 1})"
+                keys.add(key)
+                todo.append((value_node, path + _path_part(key)))
+    return None
+
+
+def _path_part(key) -> str:
+    """A key in a `$.path`, as the store's errors write it: `.name` or `['odd key']`."""
+    return f".{key}" if isinstance(key, str) and _PLAIN_KEY.match(key) else f"[{shown(key)}]"
 
 
 def dump_yaml(data) -> str:
@@ -198,6 +244,8 @@ def _load_mapping(lines: list[str], indents: list[int], i: int, indent: int) -> 
                 raise NotPlain
         else:
             key, rest = _load_quoted_key(lines[i][indent:])
+        if key in out:
+            raise NotPlain   # PyYAML's reading refuses it, naming the key's path
         if rest is None:   # a block below
             i, out[key] = _load_block(lines, indents, i + 1, indent + 2)
         else:

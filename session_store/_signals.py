@@ -26,6 +26,10 @@ TARGETS = ("ALL", "Orchestrator", "Planner", "Executor", "Reviewer", "Librarian"
 FIELDS = {"type", "target", "message", "iteration", "priority"}
 MAX_SIGNAL_BYTES = 1 << 20
 TAKEN = ".taken"
+# what else can sit in inputs/: refused by its kind, never opened, followed nor walked
+_NOT_FILES = {stat.S_IFDIR: "a directory (moved aside whole, never read)",
+              stat.S_IFLNK: "a symlink (never followed)", stat.S_IFIFO: "a FIFO",
+              stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
 
 
 @dataclass(slots=True)
@@ -111,14 +115,18 @@ def read(session_dir: str, name: str, where: str = "inputs") -> tuple[Signal | N
     inputs, processed, _ = dirs(session_dir)
     path = os.path.join(inputs if where == "inputs" else processed, name)
     try:
-        # O_NONBLOCK: opening a FIFO dropped in inputs/ must not wait for a writer
+        odd = _NOT_FILES.get(stat.S_IFMT(os.lstat(path).st_mode))
+        if odd:
+            return None, f"not a signal file: {odd}", b"?"
+        # O_NONBLOCK: a FIFO swapped in since must not wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, None, b""
     except OSError as e:
         return None, f"cannot be read ({e.strerror}; symlinks are refused)", b"?"
     try:
-        if not os.path.isfile(path) or os.fstat(fd).st_size > MAX_SIGNAL_BYTES:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SIGNAL_BYTES:
             return None, f"not a regular file of at most {MAX_SIGNAL_BYTES} bytes", b"?"
         raw = os.read(fd, MAX_SIGNAL_BYTES + 1)
     finally:
@@ -154,7 +162,8 @@ def mark_handled(session_dir: str, signal: Signal, *, handled_by: str, action: s
 
 
 def reject(session_dir: str, name: str, reason: str, raw: bytes, *, now: datetime) -> bool:
-    """Move a signal that cannot be parsed or routed to rejected/, with the reason."""
+    """Move a signal that cannot be parsed or routed to rejected/, with the reason (any
+    entry: a rename moves a directory whole and a symlink as the link)."""
     inputs, _, rejected = dirs(session_dir)
     try:
         rename_durable(os.path.join(inputs, name), os.path.join(rejected, name + TAKEN),
@@ -215,11 +224,15 @@ def read_taken(session_dir: str, name: str) -> Signal | None:
 
 
 def _remove(path: str) -> None:
+    """Unlink a `.taken` entry; a directory that took a signal's place is kept instead,
+    beside the signal's record as `<name>.<random>.dir` (removing it means walking it)."""
     with disk(path):
         try:
             os.unlink(path)
         except FileNotFoundError:
             return
+        except IsADirectoryError:
+            os.rename(path, f"{path.removesuffix(TAKEN)}.{os.urandom(4).hex()}.dir")
         fsync_dir(os.path.dirname(path))
 
 

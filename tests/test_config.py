@@ -64,6 +64,19 @@ def test_not_yaml_is_one_line(workspace):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_duplicate_key_is_one_line_with_its_path(workspace):
+    """PyYAML keeps the last of two equal keys: `backend: claude` would have won unseen
+    over the `backend: command` above it."""
+    (workspace / "ralph.yml").write_text(
+        "agent:\n  backend: command\n  command: [x]\n  backend: claude\n")
+    for args in (["validate"], ["session", "start", "x"]):
+        r = ralph(workspace, *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.stderr.splitlines() == [
+            "ralph: error: ralph.yml: $.agent: duplicate key backend (line 4)"], r.stderr
+    assert not (workspace / ".ralph-sessions").exists()
+
+
 def test_role_override_merges_over_agent():
     config = cfg.parse("agent: {timeout_seconds: 10}\n"
                        "roles: {executor: {agent: {backend: command, command: [echo]}}}\n", "x")

@@ -47,6 +47,7 @@ from session_store import BadInput, append_event, check_id, create, load, questi
     read_events, resolve_id, signals
 from session_store._events import backwards
 from session_store._schema import NotPlain, dump_plain, load_plain, parse_yaml
+from support.mcp import RawMcp
 
 HYPOTHESIS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -442,6 +443,62 @@ def test_whatever_the_fast_reader_accepts_pyyaml_reads_the_same(doc, at, cut, in
     assert fast == yaml.safe_load(text), text
 
 
+# mappings as (key, value) pairs, so that a key can repeat; a value is a scalar's YAML
+# text, a mapping, or a list of mappings
+DUP_KEYS = st.sampled_from(["a", "b", "type", '"a b"', "1", "1.0"])
+DUP_SCALARS = st.sampled_from(['"x"', "1", "yes", "~", "[1, 2]", '"\\u00e9"'])
+DUP_TREES = st.recursive(
+    st.lists(st.tuples(DUP_KEYS, DUP_SCALARS), min_size=1, max_size=4),
+    lambda inner: st.lists(st.tuples(DUP_KEYS, DUP_SCALARS | inner | st.tuples(
+        inner, inner)), min_size=1, max_size=4), max_leaves=12)
+
+
+def _render(pairs, pad: str, out: list[str], path: str, repeats: set) -> None:
+    """Block YAML of `pairs` into `out`; `repeats` gets (path, key, line) of each key
+    met again in its mapping."""
+    seen = set()
+    for key, value in pairs:
+        name = yaml.safe_load(f"{key}: 0")   # as YAML reads the key: "1" and "1.0" are one
+        (name,) = name
+        if name in seen:
+            shown_key = name if isinstance(name, str) and re.fullmatch(r"\w+", name) \
+                and not name[0].isdigit() else repr(name)
+            repeats.add((path, shown_key, len(out) + 1))
+        seen.add(name)
+        part = f".{name}" if isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w*", name) \
+            else f"[{name!r}]"
+        if isinstance(value, str):
+            out.append(f"{pad}{key}: {value}")
+        elif isinstance(value, tuple):   # a list of two mappings
+            out.append(f"{pad}{key}:")
+            for i, item in enumerate(value):
+                start = len(out)
+                _render(item, pad + "    ", out, f"{path}{part}[{i}]", repeats)
+                out[start] = f"{pad}  - {out[start].lstrip()}"
+        else:
+            out.append(f"{pad}{key}:")
+            _render(value, pad + "  ", out, path + part, repeats)
+
+
+@settings(**budget("duplicate_keys", 800))
+@given(tree=DUP_TREES)
+def test_a_key_repeated_in_any_mapping_is_refused_with_its_path(tree):
+    """PyYAML keeps the last of equal keys, silently; the store's reader (signals,
+    questions, answers, the config) refuses the document, naming the mapping's path, the
+    key and the line of its repeat."""
+    CASES["duplicate_keys"] += 1
+    out, repeats = [], set()
+    _render(tree, "", out, "$", repeats)
+    text = "\n".join(out) + "\n"
+    if not repeats:
+        assert parse_yaml(text, "f") == yaml.safe_load(text), text
+        return
+    with pytest.raises(BadInput) as e:
+        parse_yaml(text, "f")
+    said = re.fullmatch(r"f: (\$.*?): duplicate key (.+) \(line (\d+)\)", str(e.value))
+    assert said and (said[1], said[2], int(said[3])) in repeats, (str(e.value), repeats, text)
+
+
 # --- answers and question ids ---
 
 @pytest.fixture(scope="module")
@@ -552,6 +609,22 @@ def test_a_question_file_naming_another_id_is_refused(tmp_path):
     assert not list(tmp_path.rglob("escaped*"))
 
 
+def test_question_and_answer_files_with_a_duplicate_key_are_refused(tmp_path):
+    """A second `text:` in an answer (or `status:` in a question) is not an answer of
+    either value: refused with the path, as in every file the store reads."""
+    session = create(str(tmp_path), "o", now=now(), session_id="s1")
+    _ask(session.dir, "q1")
+    questions.answer(session.dir, "q1", "yes", now=now(), channel="cli")
+    for name, key, read in (("questions/q1.yaml", "status", questions.load_question),
+                            ("answers/q1.yaml", "text", questions.read_answer)):
+        path = Path(session.dir, name)
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join(lines + [f'{key}: "forged"']) + "\n")
+        with pytest.raises(BadInput) as e:
+            read(session.dir, "q1")
+        assert str(e.value) == f"{path}: $: duplicate key {key} (line {len(lines) + 1})"
+
+
 # --- session ids and targets ---
 
 @settings(**budget("check_id", 2000))
@@ -659,7 +732,7 @@ NUMBER_TEXTS = st.one_of(
 NUMBER_FLAGS = {"--max-iterations": (["session", "resume", "x"], "max_iterations", None),
                 "--max-runtime": (["session", "resume", "x"], "max_runtime", 1e9),
                 "--max-cost": (["session", "start", "obj"], "max_cost", None),
-                "--timeout": (["tools", "interact", "ask", "q"], "timeout", 1e9)}
+                "--timeout": (["tools", "interact", "ask", "q"], "timeout", 86400)}
 _PARSER = []
 
 
@@ -683,6 +756,104 @@ def test_cli_number_flags_take_only_finite_positive_numbers(flag, text):
     value = getattr(args, dest)
     assert value > 0 and (isinstance(value, int) or math.isfinite(value)), (flag, text)
     assert most is None or value <= most
+
+
+# --- `ralph mcp`: generated tool calls and raw lines, to one real server ---
+
+@pytest.fixture(scope="module")
+def mcp_server(tmp_path_factory):
+    """A real `ralph mcp` on a session of its own, for the whole module."""
+    ws = tmp_path_factory.mktemp("mcpfuzz")
+    create(str(ws), "fuzz the MCP server", now=now(), session_id="m1")
+    server = RawMcp(ws, "m1", RALPH_ROLE="executor")
+    yield server
+    code, stderr = server.close()
+    assert code == 0 and "Traceback" not in stderr, stderr
+
+
+_mcp_no = iter(range(10 ** 9))
+MCP_TOOLS = st.sampled_from(["emit", "ask", "progress", "signals_poll", "blocker", "status",
+                             "nope"])
+MCP_NAMES = st.sampled_from(["topic", "payload", "question", "options", "default",
+                             "timeout_seconds", "message", "role", "trace", "extra"])
+MCP_VALUES = JSONISH | st.sampled_from(
+    [math.nan, math.inf, -math.inf, 1e300, -1, 0, 86401, "nan", "1e300", "build.done",
+     "executor", ["a", "b"], {"type": "blocker"}, "x" * 5000])
+
+
+def _no_wait(arguments: dict) -> dict:
+    """`ask` waits for a human up to a valid timeout: at most 10 ms here."""
+    timeout = arguments.get("timeout_seconds")
+    if timeout is None or (type(timeout) in (int, float) and 0 < timeout <= 86400):
+        arguments["timeout_seconds"] = 0.01
+    return arguments
+
+
+@settings(**budget("mcp_calls", 300))
+@given(tool=MCP_TOOLS, arguments=st.dictionaries(MCP_NAMES, MCP_VALUES, max_size=4))
+def test_every_generated_tool_call_gets_its_reply_in_one_line(mcp_server, tool, arguments):
+    """Any arguments (NaN, infinities, 1e300, 10**400, wrong types, missing ones) to any
+    tool: the call gets its own reply, a result or an error of one line naming what is
+    wrong, never a bare "Error executing tool" (a crash) nor silence; the server lives."""
+    CASES["mcp_calls"] += 1
+    call_id = next(_mcp_no)
+    if tool == "ask":
+        arguments = _no_wait(arguments)
+    mcp_server.send(json.dumps({"jsonrpc": "2.0", "id": call_id, "method": "tools/call",
+                                "params": {"name": tool, "arguments": arguments}}))
+    reply = mcp_server.reply()
+    assert reply["id"] == call_id, reply
+    if "error" in reply:   # what the parser refuses (10**400): JSON-RPC's own error
+        assert reply["error"]["code"] in (-32700, -32600, -32602), reply
+        assert "\n" not in reply["error"]["message"]
+        return
+    text = reply["result"]["content"][0]["text"]
+    if reply["result"]["isError"]:
+        assert "\n" not in text and text.startswith(f"Error executing tool {tool}: ") or \
+            text == f"Unknown tool: {tool}", text
+
+
+RAW_LINES = (st.binary(max_size=120).map(lambda b: b.replace(b"\n", b" "))
+             | JSONISH.map(lambda v: json.dumps(v).encode())
+             | st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
+             | st.builds(lambda i, m, p: json.dumps({"jsonrpc": "2.0", "id": i, "method": m,
+                                                     "params": p}).encode(),
+                         st.integers(-10 ** 20, 10 ** 20) | st.text(max_size=8) | JSONISH,
+                         st.text(max_size=12) | JSONISH, JSONISH))
+
+
+@settings(**budget("mcp_lines", 400))
+@given(line=RAW_LINES)
+def test_every_generated_line_gets_one_reply(mcp_server, line):
+    """Lines the SDK's client would not send: each that is not blank (JSON whitespace)
+    and not a notification or response (which get none) is answered, once, with its id
+    when it has one; then a ping still gets its own reply."""
+    import mcp_types
+    CASES["mcp_lines"] += 1
+    try:
+        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception:
+        message = None
+    silent = not line.strip(b" \t\r\n") or (
+        message is not None and not isinstance(message, mcp_types.JSONRPCRequest))
+    if not silent:
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError):
+            doc = None
+        sent_id = doc.get("id") if isinstance(doc, dict) else None
+        mcp_server.send(line)
+        reply = mcp_server.reply()
+        if (type(sent_id) is int and abs(sent_id) < 10 ** 18) or (
+                isinstance(sent_id, str) and _utf8(sent_id)):
+            assert reply["id"] == sent_id, (line[:200], reply)
+        else:
+            assert reply["id"] in (None, sent_id), (line[:200], reply)
+        if message is None:
+            assert reply["error"]["code"] in (-32700, -32600), reply
+    ping = f"ping-{next(_mcp_no)}"
+    mcp_server.send({"jsonrpc": "2.0", "id": ping, "method": "ping"})
+    assert mcp_server.reply() == {"jsonrpc": "2.0", "id": ping, "result": {}}
 
 
 # --- Telegram updates, through the bot's own handler ---

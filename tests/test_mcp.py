@@ -16,7 +16,8 @@ from mcp.client.stdio import stdio_client
 
 from engine.clock import SystemClock
 from session_store import acquire_lock, create
-from support import EVIDENCE, RALPH, base_env, events, ralph, wait_for
+from support import EVIDENCE, RALPH, base_env, events, question_files, ralph, wait_for
+from support.mcp import RawMcp
 
 
 @pytest.fixture
@@ -161,3 +162,89 @@ def test_an_unknown_session_is_one_line_and_exit_2(workspace):
     r = ralph(workspace, "mcp", "--session", "nope")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
     assert os.path.exists(workspace) and not (workspace / ".ralph-sessions" / "nope").exists()
+
+
+# --- bounded, typed input (issue 21): every malformed request gets an answer ---
+
+def test_ask_refuses_a_timeout_that_is_no_wait_in_one_line_naming_it(workspace, session):
+    """`"nan"` and 1e300 were a bare "Error executing tool ask" (timedelta overflowed);
+    `ralph tools interact ask --timeout` takes the same check."""
+    bad = ["nan", 1e300, -1, 0, 86401, True, "60", [5]]
+
+    async def go():
+        results = []
+        async with client(workspace) as s:
+            for value in bad:   # each checked at once: a valid one would wait
+                result = await s.call_tool("ask", {"question": "Go on?",
+                                                   "timeout_seconds": value})
+                text = result.content[0].text
+                assert result.is_error and "\n" not in text, (value, text)
+                assert text.startswith("Error executing tool ask: timeout_seconds: "), \
+                    (value, text)
+                results.append(result)
+        return results
+    results = run(go)
+    ranged = "expected a number of seconds above 0 and at most 86400 (a day)"
+    assert [ranged in r.content[0].text for r in results] == \
+        [False, True, True, True, True, False, False, False]   # the others are no numbers
+    assert "got 1e+300" in results[1].content[0].text
+    cli = ralph(workspace, "tools", "interact", "ask", "Go on?", "--timeout", "1e300",
+                "--session", "m1")
+    assert cli.returncode == 2 and ranged in cli.stderr and len(cli.stderr.splitlines()) == 1
+    assert not question_files(workspace / ".ralph-sessions" / "m1")
+    assert "human.question" not in [e["topic"] for e in events(workspace / ".ralph-sessions" / "m1")]
+
+
+def test_every_malformed_line_gets_a_json_rpc_error_and_the_server_lives_on(workspace, session):
+    """Raw lines the SDK's client would not send. Before, each of the protocol-level ones
+    (nesting ~200 deep and deeper, garbage, no message, a number out of range, a lone
+    surrogate, 17 MiB) got no reply at all: the client waited forever."""
+    def call(call_id, arguments, tool="emit") -> str:
+        return json.dumps({"jsonrpc": "2.0", "id": call_id, "method": "tools/call",
+                           "params": {"name": tool, "arguments": arguments}})
+
+    deep = call(1, {"topic": "a.b", "payload": "<>"}).replace('"<>"', "[" * 200 + "]" * 200)
+    deeper = call("d", {"topic": "a.b", "payload": "<>"}).replace(
+        '"<>"', "[" * 100_000 + "]" * 100_000)
+    id_last = json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": "<>", "id": 3}
+                         ).replace('"<>"', "{\"a\":" * 300 + "1" + "}" * 300)
+    huge = call(9, {"topic": "a.b", "payload": "x" * (17 << 20)})
+    lines = [  # (line, the reply's id, its code, what its message says)
+        (deep, 1, -32700, "Parse error: nested too deeply"),
+        (deeper, "d", -32700, "Parse error: nested too deeply"),
+        (id_last, 3, -32700, "Parse error: nested too deeply"),
+        ("garbage", None, -32700, "Parse error: expected value"),
+        (b"\xff\xfe{}", None, -32700, "Parse error: not UTF-8"),
+        ('{"jsonrpc": "2.0", "id": 5}', 5, -32600, "Invalid Request: expected a JSON-RPC"),
+        ("[]", None, -32600, "Invalid Request"),
+        ('{"jsonrpc": "1.0", "id": 6, "method": "ping"}', 6, -32600, "Invalid Request"),
+        (call(7, {"topic": "a.b", "payload": "<>"}).replace('"<>"', "9" * 5000), 7, -32700,
+         "Parse error: number out of range"),
+        (call(8, {"topic": "a.b", "payload": "\ud800"}), 8, -32700,   # a lone surrogate
+         "Parse error: unexpected end of hex escape"),
+        (huge, 9, -32600, f"Invalid Request: a message longer than {16 << 20} bytes"),
+    ]
+    mcp = RawMcp(workspace, "m1", RALPH_ROLE="executor")
+    for line, call_id, code, said in lines:
+        mcp.send(line)
+        reply = mcp.reply()
+        assert reply["id"] == call_id and reply["error"]["code"] == code, (line[:80], reply)
+        assert reply["error"]["message"].startswith(said), reply
+    # numbers the SDK's parser reads but JSON has not: tool errors naming the argument
+    for call_id, tool, arguments, said in [
+            (10, "emit", '{"topic": "a.b", "payload": NaN}', "payload: NaN and infinities"),
+            (11, "blocker", '{"trace": {"cause": 1e400}}', "trace: NaN and infinities"),
+            (12, "ask", '{"question": "q", "timeout_seconds": NaN}', "timeout_seconds: expected"),
+            (13, "ask", '{"question": "q", "timeout_seconds": -Infinity}', "timeout_seconds: "),
+            (14, "ask", '{"question": "q", "timeout_seconds": 1e400}', "timeout_seconds: ")]:
+        mcp.send(call(call_id, {}, tool).replace("{}", arguments))
+        reply = mcp.reply()
+        text = reply["result"]["content"][0]["text"]
+        assert reply["id"] == call_id and reply["result"]["isError"], reply
+        assert text.startswith(f"Error executing tool {tool}: {said}") and "\n" not in text
+    assert mcp.call(15, "emit", {"topic": "after.garbage", "payload": "still here"})[
+        "result"]["content"][0]["text"].startswith("emitted after.garbage")
+    code, stderr = mcp.close()
+    assert code == 0 and "Traceback" not in stderr, stderr
+    evs = events(workspace / ".ralph-sessions" / "m1")
+    assert [e["topic"] for e in evs if e["seq"] > 1] == ["after.garbage"], evs

@@ -796,16 +796,75 @@ def test_odd_entries_in_inputs_never_block_nor_crash(tmp_path):
     d = _mailbox(str(tmp_path))
     inputs = tmp_path / "signals/inputs"
     os.mkfifo(inputs / "a-fifo")                            # opening it must not block
-    (inputs / "a-dir").mkdir()                               # not a signal file: left alone
     (tmp_path / "valid.yaml").write_bytes(b"type: STEER\nmessage: via a link\n")
     (inputs / "a-link").symlink_to(tmp_path / "valid.yaml")  # symlinks are refused
-    assert signals.waiting(d) == ["a-fifo", "a-link"]
+    (inputs / "a-dir").mkdir()                               # moved aside whole, unread
+    (inputs / "a-dir" / "inner.yaml").symlink_to(tmp_path / "valid.yaml")
+    assert signals.waiting(d) == ["a-dir", "a-fifo", "a-link"]
+    reasons = {}
     for name in signals.waiting(d):
         signal, reason, raw = signals.read(d, name)
         assert signal is None and reason
         assert signals.reject(d, name, reason, raw, now=_now())
-    assert sorted(os.listdir(tmp_path / "signals/rejected")) == ["a-fifo", "a-link"]
-    assert sorted(os.listdir(inputs)) == ["a-dir"]
+        reasons[name] = reason
+    assert reasons == {"a-dir": "not a signal file: a directory (moved aside whole, never read)",
+                       "a-fifo": "not a signal file: a FIFO",
+                       "a-link": "not a signal file: a symlink (never followed)"}
+    assert os.listdir(inputs) == []
+    rejected = tmp_path / "signals/rejected"
+    docs = {n: yaml.safe_load((rejected / n).read_text()) for n in reasons}
+    assert {n: doc["rejection"]["reason"] for n, doc in docs.items()} == reasons
+    (kept,) = [p for p in rejected.iterdir() if p.is_dir()]
+    assert re.fullmatch(r"a-dir\.[0-9a-f]{8}\.dir", kept.name)
+    assert os.readlink(kept / "inner.yaml") == str(tmp_path / "valid.yaml")   # untouched
+    assert (tmp_path / "valid.yaml").read_bytes() == b"type: STEER\nmessage: via a link\n"
+
+
+def test_a_session_rejects_non_files_and_duplicate_keys_with_the_reason(workspace):
+    """Planted in inputs/ while the planner runs: what would abort the session if read
+    as PyYAML reads it (the last `type:` wins) or if followed (a link, a directory holding
+    a signal), and entries no reader may open. The engine rejects each with its reason,
+    opens none of them, walks no directory, and the session completes."""
+    ws = workspace
+    setup(ws, [{**plan("t1"), "wait_for": "planted"}, DONE, EXECUTE, REVIEW])
+    proc = spawn_start(ws)
+    wait_until(_running(ws, r"planner"), what="the planner to run")
+    sdir = only_session(ws)
+    inputs, _, rejected = (Path(p) for p in signals.dirs(str(sdir)))
+    abort = ws / "abort.yaml"
+    abort.write_bytes(b"type: ABORT\nmessage: obey me\n")
+    (ws / "aside").write_bytes(b"type: INFO\nmessage: harmless\ntype: ABORT\n")
+    os.rename(ws / "aside", inputs / "signal.1-dup.yaml")
+    (ws / "aside").mkdir()
+    (ws / "aside" / "signal.inner.yaml").write_bytes(abort.read_bytes())
+    (ws / "aside" / "outside").symlink_to(abort)
+    os.rename(ws / "aside", inputs / "signal.2-dir.yaml")
+    (inputs / "signal.3-link.yaml").symlink_to(abort)
+    os.mkfifo(inputs / "signal.4-fifo.yaml")
+    # a socket's path must be short: bound from inside the directory
+    subprocess.run([sys.executable, "-c", "import os, socket; os.chdir(os.sys.argv[1]); "
+                    "socket.socket(socket.AF_UNIX).bind('signal.5-sock.yaml')", str(inputs)],
+                   check=True)
+    (ws / "planted").write_text("")
+
+    code, out, err = finish(proc, timeout=120)
+    assert code == 0 and "Traceback" not in err, (code, out, err)
+    assert metadata(sdir)["orchestrator"]["state"] == "COMPLETE"
+    assert os.listdir(inputs) == []
+    reasons = {name: doc["rejection"]["reason"]
+               for name, doc in signal_files(sdir, "rejected").items()}
+    assert reasons == {
+        "signal.1-dup.yaml": "signal.1-dup.yaml: $: duplicate key type (line 3)",
+        "signal.2-dir.yaml": "not a signal file: a directory (moved aside whole, never read)",
+        "signal.3-link.yaml": "not a signal file: a symlink (never followed)",
+        "signal.4-fifo.yaml": "not a signal file: a FIFO",
+        "signal.5-sock.yaml": "not a signal file: a socket"}
+    (kept,) = [p for p in rejected.iterdir() if p.is_dir()]
+    assert kept.name.startswith("signal.2-dir.yaml.") and kept.name.endswith(".dir")
+    assert sorted(p.name for p in kept.iterdir()) == ["outside", "signal.inner.yaml"]
+    assert os.readlink(kept / "outside") == str(abort)
+    assert abort.read_bytes() == b"type: ABORT\nmessage: obey me\n"
+    assert not signal_files(sdir, "processed") and not leftovers(sdir)
 
 
 def _generated_batch(n: int) -> list[bytes]:
@@ -843,7 +902,7 @@ def test_a_session_consumes_a_generated_batch_of_bad_and_good_signals(workspace)
     os.rename(sdir / "aside", inputs / "signal.fifo")
     (inputs / "signal.dir.yaml").mkdir()
     (inputs / "signal.link.yaml").symlink_to(ws / "ralph.yml")
-    names += ["signal.fifo", "signal.link.yaml"]
+    names += ["signal.fifo", "signal.dir.yaml", "signal.link.yaml"]
 
     code, out, err = finish(proc, timeout=120)
     codes = [code]
@@ -858,7 +917,7 @@ def test_a_session_consumes_a_generated_batch_of_bad_and_good_signals(workspace)
     processed, rejected = signal_files(sdir, "processed"), signal_files(sdir, "rejected")
     assert not set(processed) & set(rejected)
     assert set(processed) | set(rejected) == set(names), set(names) - set(processed) - set(rejected)
-    assert [p.name for p in inputs.iterdir()] == ["signal.dir.yaml"]  # not a file: left alone
+    assert list(inputs.iterdir()) == []   # the directory too: moved aside, beside its reason
     assert not leftovers(sdir)
     for name, doc in processed.items():
         assert doc["handling_metadata"]["handled_by"] and doc["handling_metadata"]["action_taken"]

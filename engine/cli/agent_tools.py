@@ -23,7 +23,8 @@ def cmd_interact_ask(args) -> int:
     """For agents: ask a human and block inside the agent's own run."""
     from ..tools.interact import ask_and_wait
     answer, answered = ask_and_wait(args.question, timeout=args.timeout, default=args.default,
-                                    options=args.option or [], work_dir=_work_dir(args))
+                                    options=args.option or [], work_dir=_work_dir(args),
+                                    timeout_name="--timeout")
     if answer is not None:
         print(answer, flush=True)   # at once: the interpreter's exit takes tens of ms more
     return EXIT_OK if answered else EXIT_PAUSED

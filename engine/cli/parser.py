@@ -73,6 +73,13 @@ def build_parser():
             return value
         return parse
 
+    def ask_seconds(text):
+        from ..tools.interact import ask_seconds   # MCP `ask`'s check; loaded when given
+        try:
+            return ask_seconds(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
     def port(text):
         if not text.isdigit() or int(text) > 65535:
             raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
@@ -193,7 +200,8 @@ def build_parser():
                                    metavar="COMMAND", help="one of these")
     p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
     p.add_argument("question", metavar="QUESTION", help="what to ask")
-    p.add_argument("--timeout", type=seconds, help="seconds (default: RObot.timeout_seconds)")
+    p.add_argument("--timeout", type=ask_seconds,
+                   help="seconds, at most a day (default: RObot.timeout_seconds)")
     p.add_argument("--default", help="printed on timeout (exit 3)")
     p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)

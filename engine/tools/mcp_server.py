@@ -3,8 +3,9 @@
 The same verbs as `ralph emit` and `ralph tools ...`, with the same checks (a dotted
 topic, the blocker and confidence schemas, the run's own lease: an event of a run that
 is over is refused; the quality gates judge the run's events when the engine collects
-them, however they came) and the same one-line errors, returned as MCP tool errors.
-`ask` blocks until a human answers, and reports progress to the client meanwhile so that
+them, however they came) and the same one-line errors, returned as MCP tool errors (an
+argument of the wrong type too, naming it); a line that is no message gets its JSON-RPC
+error from mcp_wire. `ask` blocks until a human answers, and reports progress to the client meanwhile so that
 it does not give up. Built on the official `mcp` SDK; started for every agent run, so it
 imports the SDK and, until a tool needs more (a question, a poll, the status), little
 else.
@@ -15,13 +16,18 @@ import json
 import os
 import signal
 import time
+from typing import Annotated
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Strict, ValidationError
 
 from session_store._errors import BadInput, DiskFault
+from session_store._schema import shown
 
 from .emit import EmitError, check, max_event_bytes, publish, report_refusal
+from .mcp_wire import serve_stdio
 
 # seconds between progress notifications while `ask` waits (tests shorten it)
 PROGRESS_EVERY = float(os.environ.get("RALPH_TEST_MCP_PROGRESS_EVERY") or 10.0)
@@ -34,17 +40,50 @@ INSTRUCTIONS = (
     "boundaries.")
 
 
+class ToolServer(MCPServer):
+    """The SDK's server, with a tool's argument errors in one line naming the argument
+    (pydantic's own take four lines and a URL)."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if not isinstance(e.__cause__, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: "
+                            f"{argument_error(e.__cause__)}") from e.__cause__
+
+
+def argument_error(error: ValidationError) -> str:
+    """'timeout_seconds: input should be a valid number, got 'soon'' for the first of
+    `error`'s mistakes (and how many more there are)."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    if first["type"] == "missing":
+        what = "required argument missing"
+    else:
+        what = f"{first['msg'][:1].lower()}{first['msg'][1:]}, got {shown(first.get('input'))}"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where.lstrip('.')}: {what}{more}"
+
+
 def build(work_dir: str) -> MCPServer:
     """The server of the session whose work area is `work_dir` (RALPH_SESSION_DIR): what
     it sends goes through the outbox there, as the run's; what it reads, the store."""
     workspace = os.path.dirname(os.path.dirname(work_dir))
     session_id = os.path.basename(work_dir)
-    server = MCPServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
+    server = ToolServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
     waits: set = set()   # the Waiting of each `ask` that waits now
 
-    def publish_checked(topic: str, payload) -> str:
+    def publish_checked(topic: str, payload, argument: str = "payload") -> str:
         try:
-            check(topic, payload, "payload", max_event_bytes(work_dir))
+            # the SDK's parser reads NaN and 1e400 (infinity): not JSON, and the bus is JSON
+            json.dumps(payload, allow_nan=False)
+        except ValueError:
+            raise ToolError(f"{argument}: NaN and infinities are not JSON numbers") from None
+        try:
+            check(topic, payload, argument, max_event_bytes(work_dir))
             publish(work_dir, topic, payload)
         except EmitError as e:
             report_refusal(work_dir, f"mcp emit {str(topic)[:80]}", str(e))
@@ -70,9 +109,9 @@ def build(work_dir: str) -> MCPServer:
         "options and a default when you can. Returns the answer; when nobody answers in "
         "time, returns the default (or says there is none), and you go on with it."))
     async def ask(question: str, ctx: Context, options: list[str] | None = None,
-                  default: str | None = None, timeout_seconds: float | None = None) -> str:
-        import anyio
-
+                  default: str | None = None,
+                  # a JSON number (not "60", not true); its range is ask_seconds'
+                  timeout_seconds: Annotated[float, Strict()] | None = None) -> str:
         from .interact import Waiting, ask_and_wait
         waiting = Waiting()
         waits.add(waiting)
@@ -83,7 +122,7 @@ def build(work_dir: str) -> MCPServer:
             try:
                 result.append(ask_and_wait(question, timeout=timeout_seconds, default=default,
                                            options=options or [], work_dir=work_dir,
-                                           waiting=waiting))
+                                           waiting=waiting, timeout_name="timeout_seconds"))
             except BaseException as e:   # noqa: BLE001 - handed to the async side
                 result.append(e)
             finally:
@@ -116,8 +155,8 @@ def build(work_dir: str) -> MCPServer:
 
     @server.tool(structured_output=False, description="Tell the human how it goes (non-blocking, one line).")
     def progress(message: str) -> str:
-        return publish_checked("human.progress", message).replace("emitted human.progress",
-                                                                  "progress noted")
+        return publish_checked("human.progress", message, "message").replace(
+            "emitted human.progress", "progress noted")
 
     @server.tool(structured_output=False, description=(
         "Take the guidance (STEER / INFO) humans sent to your role while you run; call it "
@@ -136,7 +175,7 @@ def build(work_dir: str) -> MCPServer:
         "\"attempted_resolution\": [...], \"interpretation\"}. The same cause three times "
         "pauses the session for a human."))
     def blocker(trace: dict) -> str:
-        return publish_checked("blocker", trace)
+        return publish_checked("blocker", trace, "trace")
 
     @server.tool(structured_output=False, description="The session now: state, iteration, tasks, pending question.")
     def status() -> str:
@@ -184,5 +223,5 @@ def build(work_dir: str) -> MCPServer:
 def serve(work_dir: str) -> None:
     if not os.path.isdir(work_dir):
         raise BadInput(f"{work_dir}: no such session directory")
-    build(work_dir).run("stdio")
+    anyio.run(serve_stdio, build(work_dir))
 

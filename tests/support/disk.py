@@ -102,10 +102,12 @@ def question_files(sd: Path) -> list[dict]:
 
 def signal_files(sd: Path, where: str) -> dict[str, dict]:
     """signals/<where>/ (inputs, processed, rejected): {file name: its fields}, without
-    the `.taken` marks of signals taken and not yet marked."""
+    the `.taken` marks of signals taken and not yet marked, nor the directories that
+    took a signal's place (kept in rejected/ as `<name>.<random>.dir`)."""
     folder = Path(sd) / "signals" / where
     return {p.name: yaml.safe_load(p.read_bytes()) for p in sorted(folder.iterdir())
-            if not p.name.startswith(".") and not p.name.endswith(".taken")}
+            if not p.name.startswith(".") and not p.name.endswith(".taken")
+            and not p.is_dir()}
 
 
 def taken_marks(sd: Path) -> list[str]:
