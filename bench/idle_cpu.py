@@ -140,7 +140,8 @@ def run(base: str, seconds: float = 60.0, settle: float = 1.0) -> list[Row]:
             next_question(dirs[label], set(), procs[label], logs[label], timeout=120)
         _wait_agent_running(workspace, "running", procs["running"], logs["running"])
         signals.drop(dirs["running"], "INFO", "a note for the next prompt", now=now())
-        procs["agent"] = child_of(procs["in_run"].pid)
+        # the engine's child is the run's supervisor; the agent is the supervisor's child
+        procs["agent"] = child_of(child_of(procs["in_run"].pid).pid)
         procs["sleep"] = subprocess.Popen(
             [sys.executable, "-c", f"import time; time.sleep({seconds + 30})"],
             stdin=subprocess.DEVNULL)
