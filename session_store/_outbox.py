@@ -183,7 +183,8 @@ class Outbox:
 
     def recover(self, last_via) -> list[OutboxLine]:
         """At the engine's start: the lines no engine read (after `last_via`, the newest
-        place the bus records), to be refused. The caller records them, then resets."""
+        place the bus records), to be refused. The caller records them, then resets
+        (which hands it whatever came meanwhile)."""
         fd = self._open()
         if fd is None:
             return []
@@ -201,14 +202,17 @@ class Outbox:
         finally:
             os.close(fd)
 
-    def reset(self, run: str | None) -> list[OutboxLine]:
-        """Open `run` (None: close the one open): the lines not read yet come back (the
-        caller takes them as the old phase's), then a new phase begins, empty."""
+    def reset(self, run: str | None, take) -> None:
+        """Open `run` (None: close the one open). The lines not read yet are handed to
+        `take` first (as the old phase's), under the lock, before the file is emptied: a
+        crash in between leaves them, and their records' `via`, for `recover`. Then a new
+        phase begins, empty."""
         path = outbox_path(self._work.path)
         fd = self._work_fd()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            left = self._read(fd) if self._phase is not None else []
+            if self._phase is not None:
+                take(self._read(fd))
             self._phase = os.urandom(6).hex()
             head = (json.dumps({"phase": self._phase, "run": run, "engine": os.getpid(),
                                 "max_event_bytes": self.max_bytes}) + "\n").encode()
@@ -219,7 +223,6 @@ class Outbox:
         finally:
             os.close(fd)
         durable_write_done("outbox-reset", path, durable=False)
-        return left
 
     def read_new(self) -> list[OutboxLine]:
         """The complete lines appended since the last read."""
