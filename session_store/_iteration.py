@@ -230,10 +230,25 @@ class Iteration:
 
     def run_logs(self) -> list[str]:
         """The file names of every run's prompt and output, in run order."""
-        try:
-            return sorted(os.listdir(self.logs))
-        except (FileNotFoundError, NotADirectoryError):
+        folder = self._open_logs()
+        if folder is None:
             return []
+        try:
+            return sorted(os.listdir(folder))
+        finally:
+            os.close(folder)
+
+    def _open_logs(self) -> int | None:
+        """logs/, reached without following a link: in the work area an agent can plant
+        one anywhere (its iterations/<N> linked to a folder with a logs/ of its own would
+        have that folder listed and its files read as this iteration's logs)."""
+        if self._work is not None:
+            return self._work.open_dir(f"{self.work_rel}/logs")
+        try:
+            return os.open(self.logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                           | os.O_CLOEXEC)
+        except OSError:
+            return None
 
     def runs(self) -> list[dict]:
         """Each agent run of the iteration, in run order: {"run": its name
@@ -252,17 +267,21 @@ class Iteration:
 
     def run_log(self, name: str, limit: int) -> tuple[str, int] | None:
         """The last `limit` bytes of one of `run_logs()` as text, and the file's size; None
-        for a name that is not one of them (so a name from outside never becomes a path), a
-        file outside the session, or one that is not a regular file (links not followed)."""
-        path = os.path.join(self.logs, name)
-        inside = os.path.realpath(self.work_dir) + os.sep
-        if name not in self.run_logs() or not os.path.realpath(path).startswith(inside):
-            return None   # a linked iterations/<N> or logs/ leads out of the session
+        for a name that is not one of them (so a name from outside never becomes a path), or
+        one that is not a regular file of this logs/ (no link followed, on the way or at
+        the name)."""
+        folder = self._open_logs()
+        if folder is None:
+            return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_CLOEXEC)
+            if name not in os.listdir(folder):
+                return None
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=folder)
         except OSError:
             return None
+        finally:
+            os.close(folder)
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):

@@ -74,6 +74,27 @@ class WorkArea:
             fd = child
         return fd
 
+    def open_dir(self, rel: str) -> int | None:
+        """A new descriptor of the directory `rel`, for a reader (a view): reached from the
+        workspace without following a link and without changing anything; None where no
+        directory is (missing, or a link or a file in its place). The caller closes it."""
+        workspace = os.path.dirname(os.path.dirname(self.path))
+        parts = [*os.path.relpath(self.path, workspace).split(os.sep),
+                 *(p for p in rel.split("/") if p)]
+        try:
+            fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        for part in parts:
+            try:
+                child = os.open(part, _DIR, dir_fd=fd)
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+            fd = child
+        return fd
+
     def write(self, rel: str, data: str | bytes, kind: str = "work-area") -> str:
         """Replace the file `rel` whole (temp file, rename; no fsync: a view or a reply,
         rebuilt or asked again after a crash)."""

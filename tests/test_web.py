@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,9 +18,8 @@ from pathlib import Path
 import httpx
 
 from _web import SID, ask, client, now, peak_rss, store_session
-from support import (EVIDENCE, FAST, base_env, metadata, ralph, signal_files, wait_for,
-                     write_config,
-                     write_scenario)
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, session_dir, signal_files,
+                     wait_for, work_dir, write_config, write_scenario)
 
 WEB_TOKEN = "web-token-0123456789abcdef"
 TG_TOKEN_ENV = "123456:TELEGRAM-FROM-ENV-SECRET"
@@ -56,7 +56,7 @@ def test_a_public_address_needs_a_token_and_a_taken_port_is_refused(workspace):
 
 
 def test_with_a_token_every_api_request_needs_it(workspace, web):
-    store_session(workspace)
+    session = store_session(workspace)
     server = web("--host", "0.0.0.0", env=base_env(RALPH_WEB_TOKEN=WEB_TOKEN))
     assert WEB_TOKEN not in server.first_line
     server.url = f"http://127.0.0.1:{server.port}"
@@ -76,14 +76,13 @@ def test_with_a_token_every_api_request_needs_it(workspace, web):
         assert other.status_code == 403
         assert good.post(f"/api/sessions/{SID}/signals",
                          json={"type": "info", "message": "hello"}).status_code == 200
-    inputs = list((workspace / ".ralph-sessions" / SID / "signals/inputs").iterdir())
-    assert len(inputs) == 1 and "hello" in inputs[0].read_text()
+    inputs = list(signal_files(session.dir, "inputs").values())
+    assert len(inputs) == 1 and inputs[0]["message"] == "hello"
 
 
 def test_on_loopback_a_change_needs_this_pages_origin_and_host(workspace, web):
-    store_session(workspace)
+    session = store_session(workspace)
     server = web()
-    inputs = workspace / ".ralph-sessions" / SID / "signals/inputs"
     url = f"/api/sessions/{SID}/signals"
     with httpx.Client(base_url=server.url, headers={"X-Ralph-Token": server.token},
                       trust_env=False, timeout=30) as c:   # the token, and no Origin
@@ -97,27 +96,39 @@ def test_on_loopback_a_change_needs_this_pages_origin_and_host(workspace, web):
         # a DNS-rebinding page reaches 127.0.0.1 under its own name: refused
         assert c.get("/api/sessions", headers={"Host": f"evil.example:{server.port}"}
                      ).status_code == 403
-        assert not list(inputs.iterdir())
+        assert signal_files(session.dir, "inputs") == {}
         ok = c.post(url, json=body, headers={"Origin": server.url})
         assert ok.status_code == 200, ok.text
         assert ok.headers["x-frame-options"] == "DENY"
         assert "default-src 'self'" in ok.headers["content-security-policy"]
-    assert [p.name for p in inputs.iterdir()] == [ok.json()["signal"]]
+    assert list(signal_files(session.dir, "inputs")) == [ok.json()["signal"]]
 
 
 def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, web):
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
+
+    from session_store import control_root, work_root
     session = store_session(workspace)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "metadata.yaml").write_text((Path(session.dir) / "metadata.yaml").read_text())
     (outside / "secret.txt").write_text("OUTSIDE-SECRET\n")
     (outside / "control.txt").write_text("control\n")
-    logs = Path(session.dir) / "iterations/1/logs"
+    logs = Path(session.iteration(1).logs)   # in the work area, which agents write
     (logs / "0001-planner.stdout").write_text("planner output\n")
-    (logs / "0002-planner.stdout").symlink_to(outside / "secret.txt")      # planted
-    (workspace / ".ralph-sessions/evil").symlink_to(outside)                # planted
+    # an agent's links, planted where it may write: a run's log, a work area
+    (logs / "0002-planner.stdout").symlink_to(outside / "secret.txt")
+    (Path(work_root(str(workspace))) / "evil").symlink_to(outside)
+    # ... and, in another session's work area, its iteration linked to a folder it chose,
+    # where a logs/ is (as /var has /var/log)
+    (outside / "logs").mkdir()
+    (outside / "logs/0001-planner.stdout").write_text("OUTSIDE-SECRET\n")
+    linked = Path(store_session(workspace, "w2").iteration(1).work_dir)
+    shutil.rmtree(linked)
+    linked.symlink_to(outside)
+    # and a session in the control plane that is a link: the server stays robust there too
+    (Path(control_root(str(workspace))) / "evil").symlink_to(outside)
     seen = []
 
     class Record(FileSystemEventHandler):
@@ -146,6 +157,7 @@ def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, 
                 f"{s}/iterations/1/logs/../../../metadata.yaml",
                 f"{s}/iterations/1/logs/0002-planner.stdout", f"{s}/iterations/0/logs/x",
                 f"{s}/iterations/99/logs/0001-planner.stdout", f"{s}/iterations/-1/logs/x",
+                "/api/sessions/w2/iterations/1/logs/0001-planner.stdout",
                 "/static/..%2f..%2fsecurity.py", "/static/../app.py", "/static/index.html"]
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         for path in gets:
@@ -165,7 +177,8 @@ def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, 
             r.read()
         conn.close()
         with client(server) as c:
-            assert [v["session_id"] for v in c.get("/api/sessions").json()] == [SID]
+            assert [v["session_id"] for v in c.get("/api/sessions").json()] == [SID, "w2"]
+            assert [it["runs"] for it in c.get("/api/sessions/w2/iterations").json()] == [[]]
             log = c.get(f"{s}/iterations/1/logs/0001-planner.stdout").json()
             assert log["text"] == "planner output\n"
         read_control()
@@ -191,7 +204,8 @@ def test_the_telegram_token_never_reaches_a_page_or_a_log(workspace, web):
                              "RObot": {"telegram": {"bot_token": TG_TOKEN_CONFIG}}})
     done = ralph(workspace, "session", "start", "token test", "--id", SID, env=base_env(**FAST))
     assert done.returncode == 0, done.stderr
-    log = next((workspace / ".ralph-sessions" / SID / "iterations/1/logs").glob("*planner.stdout"))
+    log = next((work_dir(session_dir(workspace, SID)) / "iterations/1/logs").glob(
+        "*planner.stdout"))
     assert TG_TOKEN_ENV in log.read_text()   # the agent did put it there
     server = web(env=base_env(RALPH_TELEGRAM_BOT_TOKEN=TG_TOKEN_ENV))
     s = f"/api/sessions/{SID}"
@@ -339,6 +353,7 @@ def test_signals_from_the_page_are_checked_like_the_cli(workspace, web):
 
 
 def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
+    from session_store import sessions_root
     scenario = write_scenario(workspace, TWO_ITERATIONS)
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
     first = ralph(workspace, "session", "start", "two iterations", "--id", SID,
@@ -349,12 +364,12 @@ def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
         r = c.post(f"/api/sessions/{SID}/resume",
                    json={"message": "go on, and mind the cache", "max_iterations": 3})
         assert r.status_code == 200, r.text
-        log = Path(r.json()["log"])
-        assert log.parent == workspace / ".ralph-sessions" / ".web"
-        sd = workspace / ".ralph-sessions" / SID
+        log = Path(r.json()["log"])   # the channel's log, in the control root: not the agents'
+        assert log.parent == Path(sessions_root(str(workspace))) / ".web"
+        sd = session_dir(workspace, SID)
         wait_for(lambda: metadata(sd)["status"] == "completed", timeout=60)
         assert metadata(sd)["limits"]["max_iterations"] == 3
-        assert "go on, and mind the cache" in (sd / "scratchpad.md").read_text()
+        assert "go on, and mind the cache" in (work_dir(sd) / "scratchpad.md").read_text()
         again = c.post(f"/api/sessions/{SID}/resume", json={})
         assert again.status_code == 409
     assert f"ralph web: resume {SID}" in log.read_text()

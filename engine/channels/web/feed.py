@@ -1,8 +1,9 @@
-"""The live feed: one file-system watcher (engine/mailbox.py `watch`) over the sessions
-root serves every open page. The watcher's thread hops onto the event loop and sets each
-page stream's own asyncio.Event; the stream then reads what changed (in a worker thread)
-and sends it as server-sent events. Nothing polls: a page hears of a file change within
-milliseconds, and an idle server does no work.
+"""The live feed: one file-system watcher (engine/mailbox.py `watch`) over the sessions'
+control planes and their work areas (the scratchpad agents write is there) serves every
+open page. The watcher's thread hops onto the event loop and sets each page stream's own
+asyncio.Event; the stream then reads what changed (in a worker thread) and sends it as
+server-sent events. Nothing polls: a page hears of a file change within milliseconds,
+and an idle server does no work.
 
 Bounded, whoever reads. At most `max_streams` streams are open at once: one more is
 refused (503, one line). Each stream holds one message at a time: uvicorn's flow control
@@ -20,8 +21,9 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import stat
 
-from session_store import Session, sessions_root
+from session_store import Session, sessions_root, work_root
 
 from . import reads
 from .reads import Problem, dumps
@@ -51,12 +53,13 @@ class Feed:
         self.workspace = os.path.abspath(workspace)
         self.max_streams = max_streams
         self.streams = 0
-        self.root = sessions_root(self.workspace)
+        # the state directory's, and the workspace's
+        self.roots = (sessions_root(self.workspace), work_root(self.workspace))
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._watch = watch
         self._stop_watching = None
-        self._watching_root = False
+        self._watched: tuple[list[str], list[str]] | None = None
         self._rewatching: asyncio.Task | None = None
         self._waiters: set[asyncio.Event] = set()
 
@@ -67,6 +70,8 @@ class Feed:
     async def close(self) -> None:
         self.closed = True
         self._wake_all()
+        if self._rewatching is not None:   # it may be starting a watcher: stopped below
+            await self._rewatching
         if self._stop_watching is not None:
             await asyncio.to_thread(self._stop_watching)
             self._stop_watching = None
@@ -93,18 +98,29 @@ class Feed:
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self._wake_all)
 
+    def _what_to_watch(self) -> tuple[list[str], list[str]]:
+        """(folders, trees): each root that exists as a tree; for one that does not yet,
+        the nearest folder above it that does, to see it (or the next folder on the way)
+        made."""
+        trees = [root for root in self.roots if _is_folder(root)]
+        folders = [_nearest_folder(root) for root in self.roots if root not in trees]
+        return sorted(set(folders)), trees
+
     async def _rewatch(self) -> None:
-        """Watch the sessions root recursively; before it exists, the workspace for it."""
-        has_root = os.path.isdir(self.root)
-        new = await asyncio.to_thread(self._watch, [] if has_root else [self.workspace],
-                                      _Wakeup(self), [self.root] if has_root else [])
-        old, self._stop_watching, self._watching_root = self._stop_watching, new, has_root
-        if old is not None:
-            await asyncio.to_thread(old)
+        try:   # until what is watched is what there is (a root made meanwhile is seen)
+            while not self.closed and (wanted := self._what_to_watch()) != self._watched:
+                folders, trees = wanted
+                new = await asyncio.to_thread(self._watch, folders, _Wakeup(self), trees)
+                old, self._stop_watching, self._watched = self._stop_watching, new, wanted
+                if old is not None:
+                    await asyncio.to_thread(old)
+        finally:
+            self._rewatching = None
         self._wake_all()   # whatever changed while no watch covered it
 
     def changed(self) -> None:
-        if not self._watching_root and self._rewatching is None and os.path.isdir(self.root):
+        if self._watched is not None and self._watched[0] and self._rewatching is None \
+                and self._what_to_watch() != self._watched:   # a root, or a step to it, made
             self._rewatching = self.loop.create_task(self._rewatch())
         self._wake_all()
 
@@ -173,6 +189,21 @@ class Feed:
                 yield message
             elif not woke and not new:
                 yield b": keepalive\n\n"
+
+
+def _is_folder(path: str) -> bool:
+    """A directory, not a link to one: an agent may put a link in the place of the work
+    root, and the watcher is not led where it points."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _nearest_folder(path: str) -> str:
+    while not _is_folder(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _read_changes(workspace: str, session: Session, after: int):
