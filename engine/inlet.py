@@ -105,6 +105,8 @@ class Inlet:
         if request is None:
             return self._refuse(line, {}, line.problem)
         claimed, run = request.get("run"), self._run
+        if request["kind"] == "ask.gone" and (run is None or claimed != run.id):
+            return   # a stopped run's asker giving up: its question was released already
         if claimed is not None and (run is None or claimed != run.id):
             why = f"run {claimed} is over" + (f"; run {run.id} is running now" if run else "")
             return self._refuse(line, request, why)
