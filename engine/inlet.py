@@ -42,6 +42,7 @@ class Inlet:
         self._on_poll = on_poll
         self._run: RunInfo | None = None
         self._presence: int | None = None
+        self._replied = True   # replies may be in the inbox (a dead engine's, say)
 
     @property
     def run(self) -> RunInfo | None:
@@ -75,7 +76,9 @@ class Inlet:
         if self._presence is None:   # a runner driven without the engine's loop (a test's)
             self.start()
         self._outbox.reset(run.id, self._take)
-        self.session.work.clear(outbox.INBOX)
+        if self._replied:   # the replies of the run before: nobody waits for them now
+            self.session.work.clear(outbox.INBOX)
+            self._replied = False
         self._run = run
 
     def close_run(self) -> None:

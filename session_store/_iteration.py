@@ -16,7 +16,6 @@ from ._convert import structure, unstructure
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
 from ._schema import dump_plain, parse_yaml
-from ._work import open_beneath
 
 METADATA_FILE = "metadata.yaml"
 ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge")
@@ -226,7 +225,7 @@ class Iteration:
         if self._work is None:
             with disk(path):
                 return open_private(path)
-        return open_beneath(self._work.path, path)
+        return self._work.open_file(path)
 
     def run_logs(self) -> list[str]:
         """The file names of every run's prompt and output, in run order."""

@@ -22,6 +22,9 @@ class WorkArea:
     def __init__(self, path: str):
         self.path = path
         self._fd: int | None = None
+        # the directories reached so far (walked once, kept for the engine's lifetime: one
+        # an agent swaps for a link later is still the real one, reached before)
+        self._dirs: dict[str, int] = {}
 
     def _root(self) -> int:
         if self._fd is None:
@@ -44,6 +47,9 @@ class WorkArea:
         self._root()
 
     def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -51,25 +57,19 @@ class WorkArea:
     def dir_fd(self, rel: str = "") -> int:
         """A new descriptor of the directory `rel` (made when missing), reached without
         following a link; the caller closes it."""
+        key = "/".join(p for p in rel.split("/") if p)
+        if key not in self._dirs:
+            self._dirs[key] = self._walk(key)
+        return os.dup(self._dirs[key])
+
+    def _walk(self, rel: str) -> int:
         fd = os.dup(self._root())
         for part in [p for p in rel.split("/") if p]:
             try:
-                os.mkdir(part, DIR_MODE, dir_fd=fd)
-            except FileExistsError:
-                pass
+                child = _open_dir(fd, part)
             except BaseException:
                 os.close(fd)
                 raise
-            try:
-                child = os.open(part, _DIR, dir_fd=fd)
-            except OSError as e:
-                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    os.close(fd)
-                    raise
-                # a link or a file planted where a directory belongs: set aside, made anew
-                _set_aside(fd, part)
-                os.mkdir(part, DIR_MODE, dir_fd=fd)
-                child = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = child
         return fd
@@ -77,7 +77,11 @@ class WorkArea:
     def open_dir(self, rel: str) -> int | None:
         """A new descriptor of the directory `rel`, for a reader (a view): reached from the
         workspace without following a link and without changing anything; None where no
-        directory is (missing, or a link or a file in its place). The caller closes it."""
+        directory is (missing, or a link or a file in its place). The caller closes it.
+        (One this work area has reached already is that one.)"""
+        key = "/".join(p for p in rel.split("/") if p)
+        if key in self._dirs:
+            return os.dup(self._dirs[key])
         workspace = os.path.dirname(os.path.dirname(self.path))
         parts = [*os.path.relpath(self.path, workspace).split(os.sep),
                  *(p for p in rel.split("/") if p)]
@@ -94,6 +98,29 @@ class WorkArea:
                 os.close(fd)
             fd = child
         return fd
+
+    def open_file(self, path: str) -> int:
+        """Open `path`, a file of this work area, for writing from its start (private, made
+        when missing), every directory on the way walked without following a link: an
+        agent that swaps `logs/` for a link does not make the engine write there."""
+        rel = os.path.relpath(path, self.path)
+        if rel.startswith(".."):
+            raise ValueError(f"{path} is not under {self.path}")
+        folder, name = os.path.split(rel)
+        fd = self.dir_fd(folder)
+        try:
+            with disk(path):
+                try:
+                    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                                   | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                        raise
+                    _set_aside(fd, name)   # a link, a FIFO, a directory planted at the name
+                    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                   FILE_MODE, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def write(self, rel: str, data: str | bytes, kind: str = "work-area") -> str:
         """Replace the file `rel` whole (temp file, rename; no fsync: a view or a reply,
@@ -154,31 +181,31 @@ class WorkArea:
 
 
 def open_beneath(root: str, path: str) -> int:
-    """Open `path`, a file under the work area `root`, for writing from its start (private,
-    made when missing), every directory on the way walked from `root` without following
-    a link: an agent that swaps `logs/` for a link does not make the engine write there."""
-    rel = os.path.relpath(path, root)
-    if rel.startswith(".."):
-        raise ValueError(f"{path} is not under {root}")
-    folder, name = os.path.split(rel)
+    """`WorkArea(root).open_file(path)`, for a caller that holds no work area (a run's
+    process, which opens its logs once)."""
     work = WorkArea(root)
     try:
-        fd = work.dir_fd(folder)
+        return work.open_file(path)
     finally:
         work.close()
+
+
+def _open_dir(fd: int, name: str) -> int:
+    """The directory `name` in `fd`, made when missing; a link or a file planted where it
+    belongs is set aside and the directory made anew."""
     try:
-        with disk(path):
-            try:
-                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                               | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
-            except OSError as e:
-                if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-                    raise
-                _set_aside(fd, name)   # a link, a FIFO, a directory planted at the name
-                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                               FILE_MODE, dir_fd=fd)
-    finally:
-        os.close(fd)
+        return os.open(name, _DIR, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        _set_aside(fd, name)
+    try:
+        os.mkdir(name, DIR_MODE, dir_fd=fd)
+    except FileExistsError:   # made meanwhile (another writer)
+        pass
+    return os.open(name, _DIR, dir_fd=fd)
 
 
 def _make_dir(path: str) -> None:
