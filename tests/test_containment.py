@@ -21,14 +21,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from support import (EVIDENCE, FAST, RALPH, REPO, base_env, events, finish, metadata,
-                     only_session, progress_markers, ralph, session_dirs, spawn, wait_for,
-                     work_dir, write_config)
+                     new_session, only_session, progress_markers, ralph, session_dirs, spawn,
+                     wait_for, work_dir, write_config)
 from engine import containment
 from engine.agents.presets import Claude, Codex, RunSetup
 
@@ -177,7 +176,7 @@ def marked(sd: Path, run: str | None = None) -> set[int]:
 
 def runs_of(sd: Path, name: str) -> list[str]:
     """The run ids (log names) of `name` (e.g. executor-t1) in iteration 1, in order."""
-    logs = sd / "iterations/1/logs"
+    logs = work_dir(sd) / "iterations/1/logs"
     return sorted(p.name[:-len(".prompt.md")] for p in logs.glob(f"*-{name}.prompt.md"))
 
 
@@ -208,7 +207,7 @@ def test_a_finished_runs_setsid_grandchildren_and_daemons_are_stopped(workspace)
             mark("executor.run", ENV["RALPH_RUN_ID"])
         elif ROLE == "reviewer":
             # right after the executor's run: is anything of it still there?
-            from engine.agents import containment
+            from engine import containment
             left = containment.find(ENV["RALPH_SESSION_DIR"],
                                     open(path("executor.run")).read())
             mark("after-executor.json", json.dumps(sorted(left)))
@@ -315,7 +314,8 @@ def test_an_emit_from_a_finished_run_is_refused_recorded_and_ignored(workspace):
     assert len(late["stderr"].strip().splitlines()) == 1 and "refused" in late["stderr"]
     evs = events(sd)
     [refused] = [e for e in evs if e["topic"] == "emit.refused"]
-    assert refused["run"] == run and refused["source"] == "executor"
+    # the run's, by its claim; no role vouched for: the engine no longer holds that run
+    assert refused["run"] == run and refused["source"] == "unknown"
     assert refused["payload"]["topic"] == "build.done"
     assert refused["payload"]["payload"] == "late"
     assert f"run {run} is over" in refused["payload"]["why"]
@@ -328,10 +328,11 @@ def test_an_emit_from_a_finished_run_is_refused_recorded_and_ignored(workspace):
     assert marked(sd) == set()
 
 
-# --- 4. the run gate itself: the Lease, its runs, and emits from other processes ---
+# --- 4. the run gate itself: the engine's inlet, its runs, and emits from other processes ---
 
 def emit_as(ws: Path, sd: Path, run: str | None, *args: str) -> subprocess.CompletedProcess:
-    env = base_env(RALPH_SESSION_DIR=sd, **({"RALPH_RUN_ID": run} if run else {}))
+    """`ralph emit ARGS` as a process of run `run` of the session (None: of no run)."""
+    env = base_env(RALPH_SESSION_DIR=work_dir(sd), **({"RALPH_RUN_ID": run} if run else {}))
     return subprocess.run(RALPH + ["emit", *args], cwd=ws, env=env, capture_output=True,
                           text=True, timeout=30)
 
@@ -344,107 +345,136 @@ def refused_line(r: subprocess.CompletedProcess) -> str:
     return line
 
 
-def test_lease_opens_and_closes_runs_for_emitters(workspace):
-    from session_store import acquire_lock, create
+def engine_inlet(ws: Path, sid: str):
+    """What an engine holds of session `sid` to hear agents: its lock and its inlet
+    (started: the work area's outbox is open, no run in it yet)."""
+    from engine.inlet import Inlet
+    from session_store import acquire_lock, load
+    session = load(str(ws), sid)
+    lease = acquire_lock(session.dir, sid)
+    inlet = Inlet(session, max_bytes=1 << 20, on_ask=lambda *_: {"refused": "no desk here"},
+                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []})
+    inlet.start()
+    return lease, inlet
+
+
+def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
+    from engine.inlet import RunInfo
     ws = workspace
-    session = create(str(ws), "lease objective", now=datetime.now(timezone.utc),
-                     session_id="lease")
-    sd = Path(session.dir)
-    lease = acquire_lock(session.dir, "lease")
+    sd = Path(new_session(ws, sid="lease").dir)
+    lease, inlet = engine_inlet(ws, "lease")
     try:
-        lease.open_run("r1")
+        inlet.open_run(RunInfo("r1", "executor", "t1"))
         r = emit_as(ws, sd, "r1", "x.y", "from r1")
         assert r.returncode == 0, r.stderr
+        inlet.drain()
         last = events(sd)[-1]
-        assert (last["topic"], last["payload"], last["run"]) == ("x.y", "from r1", "r1")
+        assert (last["topic"], last["payload"], last["run"], last["source"]) == \
+            ("x.y", "from r1", "r1", "executor")
 
         line = refused_line(emit_as(ws, sd, "r2", "x.y", "from r2"))
         assert "run r2 is over" in line and "run r1 is running now" in line
+        inlet.drain()
         last = events(sd)[-1]
         assert last["topic"] == "emit.refused" and last["run"] == "r2"
         assert last["payload"]["topic"] == "x.y" and last["payload"]["payload"] == "from r2"
 
-        # a human at a terminal (no run): heard while a run is open
+        # a human at a terminal (no run): heard while a run is open, as the CLI's
         r = ralph(ws, "emit", "human.note", "by hand", "--session", "lease")
         assert r.returncode == 0, r.stderr
-        assert events(sd)[-1]["topic"] == "human.note" and "run" not in events(sd)[-1]
+        inlet.drain()
+        last = events(sd)[-1]
+        assert (last["topic"], last["source"]) == ("human.note", "cli") and "run" not in last
 
-        lease.close_run()
+        inlet.close_run()
         line = refused_line(emit_as(ws, sd, "r1", "x.y", "after close"))
         assert "run r1 is over" in line and "no run is open" in line
+        inlet.drain()
         assert events(sd)[-1]["payload"]["why"].startswith("run r1 is over")
     finally:
+        inlet.stop()
         lease.release()
+    # no engine: nobody takes it, the run's nor a human's; the line stays in the outbox
     line = refused_line(emit_as(ws, sd, "r1", "x.y", "no engine"))
     assert "no engine" in line
-    assert events(sd)[-1]["topic"] == "emit.refused"
-    assert "no engine" in events(sd)[-1]["payload"]["why"]
-    # and with no engine at all, a human is still heard
-    r = ralph(ws, "emit", "human.note", "still here", "--session", "lease")
-    assert r.returncode == 0, r.stderr
-    assert events(sd)[-1]["topic"] == "human.note"
-    assert events(sd)[-1]["payload"] == "still here"
+    line = refused_line(ralph(ws, "emit", "human.note", "still here", "--session", "lease"))
+    assert "no engine" in line
+    before = events(sd)
+    assert before[-1]["payload"]["payload"] == "after close"
+    # the next engine records both as refused when it starts, and takes neither
+    lease, inlet = engine_inlet(ws, "lease")
+    inlet.stop()
+    lease.release()
+    late = events(sd)[len(before):]
+    assert [(e["topic"], e["payload"]["payload"], e.get("run")) for e in late] == [
+        ("emit.refused", "no engine", "r1"), ("emit.refused", "still here", None)]
+    assert late[0]["payload"]["why"] == "its run ended with the engine that ran it"
+    assert late[1]["payload"]["why"] == "no engine was running the session to take it"
     seqs = [e["seq"] for e in events(sd)]
     assert seqs == list(range(1, len(seqs) + 1))
 
 
 RACER = textwrap.dedent('''
     import json, os, sys, time
-    from session_store import RunOver
-    from session_store._events import append_event
-    sd, w, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    from session_store import outbox
+    work, w, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     while not os.path.exists(go):
         time.sleep(0.005)
     accepted = refused = 0
     while refused < 20 and accepted + refused < 50000:
-        try:
-            append_event(sd, "race.tick", {"w": w, "i": accepted + refused}, run="r1",
-                         source="racer")
-            accepted += 1
-        except RunOver:
+        tick = {"w": w, "i": accepted + refused}
+        why = outbox.post(work, {"kind": "event", "id": outbox.new_request_id(), "run": "r1",
+                                 "topic": "race.tick", "payload": tick})
+        if why:
             refused += 1
+        else:
+            accepted += 1
     print(json.dumps({"accepted": accepted, "refused": refused}))
 ''')
 
 
 def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
-    """Four processes emit for r1 as fast as they can while the run is closed: every
-    record before the cut is taken, every one after it refused, none lost."""
-    from session_store import acquire_lock, create
+    """Four processes post for r1 as fast as they can while the run is closed: every
+    request before the cut is taken, every one after it refused, none lost."""
+    from engine.inlet import RunInfo
+    from session_store import outbox
     ws = workspace
-    session = create(str(ws), "race objective", now=datetime.now(timezone.utc),
-                     session_id="race")
-    sd = Path(session.dir)
-    lease = acquire_lock(session.dir, "race")
+    sd = Path(new_session(ws, sid="race").dir)
+    lease, inlet = engine_inlet(ws, "race")
     racers = []
+    posted = Path(outbox.outbox_path(str(work_dir(sd))))
     try:
-        lease.open_run("r1")
-        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(sd), str(w),
+        inlet.open_run(RunInfo("r1", "executor", None))
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(work_dir(sd)), str(w),
                                     str(ws / "go")], env=base_env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True) for w in range(4)]
         (ws / "go").touch()
-        wait_for(lambda: (sd / "events.jsonl").read_text().count('"race.tick"') >= 200,
-                 timeout=20)
-        lease.close_run()
+        wait_for(lambda: posted.read_bytes().count(b'"race.tick"') >= 200, timeout=20)
+        inlet.drain()   # the engine reads while they post (as on every wakeup of a run)
+        inlet.close_run()
         results = []
         for p in racers:
             out, err = p.communicate(timeout=30)
             assert p.returncode == 0, err
             results.append(json.loads(out))
+        inlet.drain()   # what they posted after the cut
     finally:
         for p in racers:
             if p.poll() is None:
                 p.kill()
+        inlet.stop()
         lease.release()
     attempts = sum(r["accepted"] + r["refused"] for r in results)
-    ticks = [e for e in events(sd) if e.get("source") == "racer"]
-    assert len(ticks) == attempts          # no record lost, none doubled
+    ticks = [e for e in events(sd) if e["topic"] == "race.tick" or
+             (e["topic"] == "emit.refused" and e["payload"]["topic"] == "race.tick")]
+    assert len(ticks) == attempts          # no request lost, none doubled
     taken = [e for e in ticks if e["topic"] == "race.tick"]
     refused = [e for e in ticks if e["topic"] == "emit.refused"]
     assert len(taken) == sum(r["accepted"] for r in results) >= 200
     assert len(refused) == sum(r["refused"] for r in results) == 80
     assert max(e["seq"] for e in taken) < min(e["seq"] for e in refused)   # one cut
     assert all(e["run"] == "r1" for e in ticks)
+    assert {e["source"] for e in taken} == {"executor"}   # the run's role, from the engine
     assert all(e["payload"]["why"].startswith("run r1 is over") for e in refused)
     # each attempt of each racer is there once, in its order (a refused one keeps its payload)
     sent = [e["payload"] if e["topic"] == "race.tick" else e["payload"]["payload"]
@@ -493,7 +523,7 @@ def test_kill_9_of_the_engine_stops_every_process_of_its_run_without_resume(work
                  timeout=containment.GRACE_SECONDS + 3)
         assert (ws / "term.txt").read_text() == "saved"   # SIGTERM first, then the grace
         assert marked(sd) == set()
-        [stderr] = (sd / "iterations/1/logs").glob(f"{run}.stderr")
+        [stderr] = (work_dir(sd) / "iterations/1/logs").glob(f"{run}.stderr")
         assert f"ralph: stopped 4 process(es) of run {run}: its engine is gone" in \
             stderr.read_text()
         r = ralph(ws, "session", "resume", "k1", env=base_env(**FAST), timeout=60)
@@ -688,7 +718,7 @@ def test_a_command_that_cannot_be_started_pauses_with_why(workspace):
     reason = metadata(sd)["orchestrator"]["pause_reason"]
     assert "last exit code 127" in reason and str(agent) in reason
     assert "No such file or directory" in reason
-    logs = sd / "iterations/1/logs"
+    logs = work_dir(sd) / "iterations/1/logs"
     stderr = sorted(logs.glob("*-planner.stderr"))
     assert len(stderr) == 4
     assert all(f"cannot start {agent}" in p.read_text() for p in stderr)
@@ -1041,7 +1071,7 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
     kill_9_engine_and_supervisor(started_until_ready(ws, "sy", RALPH_WORKSPACE=link), ws)
     grandchild = recorded(ws, "grandchild.pid")
     try:
-        assert grandchild[0] in marked(link / ".ralph-sessions" / "sy")
+        assert grandchild[0] in containment.find(str(link / ".ralph-sessions" / "sy"))
         r = ralph(ws, "session", "resume", "sy", env=base_env(**FAST), timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert not alive(grandchild), r.stdout
@@ -1100,26 +1130,27 @@ def test_every_process_of_a_run_is_known_as_the_runs_however_it_hides(workspace)
         sd = only_session(ws)
         run = (ws / "executor.run").read_text()
         supervisor = recorded(ws, "supervisor.pid")[0]
-        expected = [supervisor, run, str(sd)]
+        work = str(work_dir(sd))
+        expected = [supervisor, run, work]   # the run's mark: its session's work area
         for name in ("plain", "env-i", "setsid-f", "daemon", "pid-ns"):
             assert json.loads((ws / f"{name}.json").read_text()) == expected, name
-        assert json.loads((ws / "pid-ns-proc.json").read_text()) == [None, run, str(sd)]
+        assert json.loads((ws / "pid-ns-proc.json").read_text()) == [None, run, work]
         hidden = int((ws / "hidden.pid").read_text())
         assert hidden not in marked(sd)   # no mark, not the agent's descendant: the tree's
         found = containment.agent_run_of(hidden)
         assert [found.supervisor, found.run_id, found.session_dir] == expected
-        assert str(found) == f"agent run {run} of the session in {sd} (supervisor pid " \
+        assert str(found) == f"agent run {run} of the session in {work} (supervisor pid " \
                              f"{supervisor})"
         # outside every run: this process, a sibling of the engine, the engine itself
         for pid in (None, os.getpid(), sibling.pid, engine.pid):
             assert containment.agent_run_of(pid) is None, pid
         # a process carrying a run's marks is taken at its word (only a run sets them)
         claims = subprocess.Popen(["sleep", "300"], env=base_env(RALPH_RUN_ID="r9",
-                                                                 RALPH_SESSION_DIR=sd))
+                                                                 RALPH_SESSION_DIR=work))
         try:   # once exec'd whole (its environment is there when its command line is)
             wait_for(lambda: Path(f"/proc/{claims.pid}/cmdline").read_bytes())
             assert str(containment.agent_run_of(claims.pid)) == \
-                f"agent run r9 of the session in {sd} (by its marks)"
+                f"agent run r9 of the session in {work} (by its marks)"
         finally:
             claims.kill()
             claims.wait()

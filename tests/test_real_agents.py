@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support import events, finish, metadata, wait_for
+from support import events, finish, metadata, wait_for, work_dir
 from support.agents import CLIS, Rig, processes_marked, wait_for_process
 from support.model_server import Brain, Say, Shell, Tool, Turn
 
@@ -50,6 +50,12 @@ class Sleepy(Brain):
                          f'sleep {self.seconds} & note $!; wait; fi; '
                          f'{turn.ralph} emit build.done "{self.EVIDENCE}"')
         return Say("Built.")
+
+
+def work_area(r: Rig):
+    """The work area of the rig's session (where its runs' marks point), once it exists."""
+    wait_for(lambda: r.session_dir().exists(), timeout=60)
+    return work_dir(r.session_dir())
 
 
 def recorded_alive(ws) -> list[str]:
@@ -99,18 +105,18 @@ def test_a_whole_session_reaches_complete_with_tokens_and_cost(rig):
     assert any("The ralph command here is `/" in b for b in r.server.bodies())
     status = r.ralph("session", "status", "real")
     assert "tokens" in status.stdout, status.stdout
-    assert not processes_marked(sd)
+    assert not processes_marked(work_dir(sd))
 
 
 def test_pause_mid_run_stops_every_process_and_resume_completes(rig):
     r = rig(Sleepy(30))
     engine = r.start()
     sd = r.session_dir()
-    wait_for_process(sd, "sleep 30")
+    wait_for_process(work_area(r), "sleep 30")
     r.ralph("signal", "pause", "coffee break", "--session", "real")
     code, out, err = finish(engine, timeout=30)
     assert code == 3, out + err
-    assert not processes_marked(sd), processes_marked(sd)
+    assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
     assert not recorded_alive(r.ws)
     meta = metadata(sd)
     assert meta["status"] == "paused"
@@ -125,13 +131,13 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
     r = rig(Sleepy(8))
     engine = r.start()
     sd = r.session_dir()
-    wait_for_process(sd, "sleep 8")
+    wait_for_process(work_area(r), "sleep 8")
     asked = time.monotonic()
     r.ralph("signal", "abort", "wrong direction", "--session", "real")
     code, out, err = finish(engine, timeout=30)
     assert code == 4, out + err
     assert time.monotonic() - asked < 10
-    assert not processes_marked(sd), processes_marked(sd)
+    assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
     assert not recorded_alive(r.ws)
     time.sleep(9)   # past the command's `sleep 8; ralph emit build.done`
     topics = [e["topic"] for e in events(sd)]
@@ -146,7 +152,7 @@ def processes_of_the_run(session_dir) -> dict[tuple[int, int], str]:
     [supervisor] = [p for p in procfs.pids()
                     if procfs.comm(p) == containment.SUPERVISOR_NAME and
                     procfs.environ(p, (containment.SESSION_MARK,)).get(
-                        containment.SESSION_MARK) == str(session_dir)]
+                        containment.SESSION_MARK) == str(work_dir(session_dir))]
     kids: dict[int, list[int]] = {}
     for child, parent in procfs.live_parents().items():
         kids.setdefault(parent, []).append(child)
@@ -177,7 +183,7 @@ def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig
     r = rig(Sleepy(60))
     engine = r.start()
     sd = r.session_dir()
-    wait_for_process(sd, "sleep 60")
+    wait_for_process(work_area(r), "sleep 60")
     # the shell and its sleep noted (the shell's command line names the sleep already)
     wait_for(lambda: len(read_if_there(r.ws / "pids.txt").splitlines()) == 2, timeout=30)
     run = processes_of_the_run(sd)
@@ -185,26 +191,29 @@ def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig
     # the CLI itself is there (codex: its node wrapper, the native binary, `ralph mcp`)
     assert any(f"/{r.cli}" in cmd for cmd in run.values()), run
     dead_run = next(p.name[:-len(".prompt.md")] for p in
-                    (sd / "iterations" / "1" / "logs").glob("*-executor-t1.prompt.md"))
+                    (work_dir(sd) / "iterations/1/logs").glob("*-executor-t1.prompt.md"))
     engine.send_signal(signal.SIGKILL)
     engine.communicate()
     # no resume: within the grace (and a little) nothing of the run is left
     from engine.containment import GRACE_SECONDS
     wait_for(lambda: not still_running(run) and not recorded_alive(r.ws),
              timeout=GRACE_SECONDS + 5)
-    assert not processes_marked(sd), processes_marked(sd)
-    # what the dead run would say now is refused, and recorded as refused
-    late = dict(r.env, RALPH_SESSION_DIR=str(sd), RALPH_RUN_ID=dead_run,
+    assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
+    # what the dead run would say now is refused, and recorded as refused by the next
+    # engine, which takes nothing of it
+    late = dict(r.env, RALPH_SESSION_DIR=str(work_dir(sd)), RALPH_RUN_ID=dead_run,
                 RALPH_ROLE="executor", RALPH_SESSION_ID="real")
     refused = r.ralph("emit", "build.done", Brain.EVIDENCE, env=late)
     assert refused.returncode == 2, refused
     assert "refused" in refused.stderr and "no engine" in refused.stderr, refused.stderr
-    record = [e for e in events(sd) if e["topic"] == "emit.refused"][-1]
-    assert record["run"] == dead_run and record["payload"]["topic"] == "build.done"
     code, out, err = finish(r.resume(), timeout=120)
     assert code == 0, out + err
     assert "left by an earlier engine" not in out
-    assert not processes_marked(sd), processes_marked(sd)
+    [record] = [e for e in events(sd) if e["topic"] == "emit.refused"
+                and e["payload"]["payload"] == Brain.EVIDENCE]
+    assert record["run"] == dead_run and record["payload"]["topic"] == "build.done"
+    assert record["payload"]["why"] == "its run ended with the engine that ran it"
+    assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
     taken = [e for e in events(sd) if e["topic"] == "build.done"]
     assert taken and all(e["run"] != dead_run for e in taken), taken
     assert metadata(sd)["status"] == "completed"
@@ -338,7 +347,7 @@ def test_a_whole_session_through_mcp_only(mcp_rig):
     assert metadata(sd)["status"] == "completed"
     # the model never used the shell: everything went through the MCP tools
     assert "shell" not in r.server.calls and "mcp:ask" in r.server.calls, r.server.calls
-    assert not processes_marked(sd)
+    assert not processes_marked(work_dir(sd))
 
 
 class AsksThroughMcp(Brain):
@@ -374,7 +383,7 @@ def test_an_ask_answered_after_150_seconds_still_reaches_the_agent(tmp_path):
             assert code == 0, (r.cli, out + err)
             done = next(e for e in events(r.session_dir()) if e["topic"] == "build.done")
             assert "database: postgres" in done["payload"], (r.cli, done)
-            assert not processes_marked(r.session_dir())
+            assert not processes_marked(work_dir(r.session_dir()))
     finally:
         for engine in engines:
             if engine.poll() is None:

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from session_store import sessions_root
 from support import (DONE, EVIDENCE, base_env, events, finish, metadata, plan, prompts, ralph,
-                     spawn, wait_for, write_config, write_scenario)
+                     session_dir, session_dirs, spawn, wait_for, work_dir, write_config,
+                     write_scenario)
 from support import start as start_demo
 from fake_telegram import FakeTelegram
 
@@ -44,15 +46,21 @@ def start(ws: Path, steps, fake, sid="h", robot_config=None, extra=None, env=Non
                       config={"RObot": robot_config or robot(), **(extra or {})})
 
 
+def bot_state_dir(ws: Path) -> Path:
+    """Where the bot keeps its state: beside the sessions' control planes."""
+    return Path(sessions_root(str(ws))) / ".telegram"
+
+
 def assert_no_token(ws: Path, *outputs: str) -> None:
-    """Not in any file under the workspace, nor in any output."""
-    for path in ws.rglob("*"):
+    """Not in any file under the workspace or the sessions' control planes (the bot's
+    state among them), nor in any output."""
+    for path in [*ws.rglob("*"), *Path(sessions_root(str(ws))).rglob("*")]:
         if path.is_file() and not path.is_symlink():
             assert SECRET.encode() not in path.read_bytes(), path
     for out in outputs:
         assert SECRET not in (out or "")
     # and the bot's state was saved whole when it stopped
-    assert not list((ws / ".ralph-sessions").glob(".telegram/.*.tmp"))
+    assert not list(bot_state_dir(ws).glob(".*.tmp"))
 
 
 ASKS = [{**plan("t1"), "emit": plan("t1")["emit"] + [
@@ -81,6 +89,7 @@ def test_enabled_without_token_or_chats_is_refused(workspace, fake):
     write_config(workspace, {"RObot": {"enabled": True}})
     r = ralph(workspace, "session", "start", "obj", env=tg_env(fake))
     assert r.returncode == 2 and "$.RObot.telegram.allowed_chat_ids" in r.stderr, r.stderr
+    assert session_dirs(workspace) == []
     assert not (workspace / ".ralph-sessions").exists() or not [
         p for p in (workspace / ".ralph-sessions").iterdir() if not p.name.startswith(".")]
     assert_no_token(workspace, r.stdout, r.stderr)
@@ -120,7 +129,7 @@ def test_question_goes_out_and_a_reply_answers_it(workspace, fake):
     stranger = [fake.push(STRANGER, "sqlite", reply_to=question),
                 fake.push(STRANGER, "/stop"), fake.push(STRANGER, "@h steer elsewhere")]
     fake.wait_confirmed(stranger[-1])
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     assert not (sd / "answers").exists() or not list((sd / "answers").iterdir())
 
     first = fake.push(CHAT, "postgres", reply_to=question)
@@ -144,7 +153,7 @@ def test_question_goes_out_and_a_reply_answers_it(workspace, fake):
     # notifications: the progress note exactly once, and the end
     assert sum("planned one task" in m["text"] for m in fake.messages()) == 1
     fake.wait_text("Session h completed")
-    state_dir = workspace / ".ralph-sessions/.telegram"
+    state_dir = bot_state_dir(workspace)
     assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
     state = yaml.safe_load((state_dir / "state.yaml").read_text())
     assert state["update_offset"] == second + 1
@@ -181,16 +190,16 @@ def test_at_id_routes_guidance_to_that_session(workspace, fake):
         code, out, err = finish(proc)
         assert code == 0, out + err
         assert_no_token(workspace, out, err)
-    root = workspace / ".ralph-sessions"
+    sd = {sid: session_dir(workspace, sid) for sid in ("A", "B")}
     for sid in ("A", "B"):
-        [answer] = [yaml.safe_load(p.read_text()) for p in (root / sid / "answers").glob("*.yaml")]
+        [answer] = [yaml.safe_load(p.read_text()) for p in (sd[sid] / "answers").glob("*.yaml")]
         assert answer["text"] == f"yes, {sid}"
-    pad_a, pad_b = (root / "A/scratchpad.md").read_text(), (root / "B/scratchpad.md").read_text()
+    pad_a, pad_b = ((work_dir(sd[sid]) / "scratchpad.md").read_text() for sid in ("A", "B"))
     assert "prefer spaces in A" in pad_a and "use tabs in B" not in pad_a
     assert "use tabs in B" in pad_b and "prefer spaces in A" not in pad_b
-    review_b = prompts(root / "B", "reviewer", "t1")[0]
+    review_b = prompts(sd["B"], "reviewer", "t1")[0]
     assert "## ROBOT GUIDANCE" in review_b and "use tabs in B" in review_b
-    assert "prefer spaces in A" in prompts(root / "A", "reviewer", "t1")[0]
+    assert "prefer spaces in A" in prompts(sd["A"], "reviewer", "t1")[0]
 
 
 # --- commands, with `ralph bot run` serving the workspace ---
@@ -232,7 +241,7 @@ def test_commands_act_through_the_store(workspace, fake, tmp_path):
     bot = spawn(ws, "bot", "run", "-c", bot_config, env=env)
     fake.wait_polling()
     session = spawn(ws, "session", "start", "command objective", "--id", "c", env=env)
-    sd = ws / ".ralph-sessions/c"
+    sd = session_dir(ws, "c")
     question = fake.wait_text("Ready?", timeout=30)   # the executor waits: time to talk
 
     def ask(text: str) -> str:
@@ -250,7 +259,8 @@ def test_commands_act_through_the_store(workspace, fake, tmp_path):
     assert "APPROVE sent to session c" in ask("/approve")
     wait_for(lambda: (ws / ".docs/notes-1.md").exists(), timeout=30)
 
-    wait_for(lambda: list(sd.glob("iterations/2/logs/*-executor-t2.stdout")), timeout=30)
+    wait_for(lambda: list(work_dir(sd).glob("iterations/2/logs/*-executor-t2.stdout")),
+             timeout=30)
     assert "PAUSE sent" in ask("/pause c coffee break")
     code, out, err = finish(session, 30)
     assert code == 3, out + err
@@ -263,9 +273,10 @@ def test_commands_act_through_the_store(workspace, fake, tmp_path):
     assert "SKIP sent to session c" in ask("/skip c")
     wait_for(lambda: yaml.safe_load((sd / "iterations/2/metadata.yaml").read_text())
              .get("knowledge_decision") == "skipped", timeout=30)
-    assert (sd / "iterations/2/knowledge/notes-2.md").exists()
+    assert (work_dir(sd) / "iterations/2/knowledge/notes-2.md").exists()
 
-    wait_for(lambda: list(sd.glob("iterations/3/logs/*-planner.stdout")), timeout=30)
+    wait_for(lambda: list(work_dir(sd).glob("iterations/3/logs/*-planner.stdout")),
+             timeout=30)
     assert "ABORT sent" in ask("/stop")
     wait_for(lambda: state_of(sd)[2] == "aborted", timeout=30)
     assert "takes no more signals" in ask("/stop c")
@@ -276,7 +287,7 @@ def test_commands_act_through_the_store(workspace, fake, tmp_path):
     bot.send_signal(signal.SIGTERM)   # like ^C: the bot stops and saves its state
     code, bot_out, bot_err = finish(bot, 30)
     assert code == 0, bot_out + bot_err
-    state = yaml.safe_load((ws / ".ralph-sessions/.telegram/state.yaml").read_text())
+    state = yaml.safe_load((bot_state_dir(ws) / "state.yaml").read_text())
     assert state["update_offset"] == max(fake.pushed) + 1
     assert_no_token(ws, out, err, bot_out, bot_err, second.stdout, second.stderr)
 
@@ -308,7 +319,7 @@ def test_a_send_failing_past_its_retries_counts_as_a_timeout(workspace, fake):
     code, out, err = finish(proc)
     assert code == 4, out + err
     assert time.monotonic() - began < 30               # the timeout is 60 s
-    sd = workspace / ".ralph-sessions/h"
+    sd = session_dir(workspace, "h")
     q = yaml.safe_load(next((sd / "questions").glob("*.yaml")).read_text())
     assert q["delivery_failed"] is True and q["status"] == "timed_out"
     [timeout] = [e for e in events(sd) if e["topic"] == "human.timeout"]
@@ -363,7 +374,8 @@ def test_another_engine_takes_the_bot_over(workspace, fake):
     fake.push(CHAT, "done", reply_to=question_b)
     code, out_b, err_b = finish(b)
     assert code == 0, out_b + err_b
-    assert "guidance after the takeover" in (ws / ".ralph-sessions/B/scratchpad.md").read_text()
+    pad = work_dir(session_dir(ws, "B")) / "scratchpad.md"
+    assert "guidance after the takeover" in pad.read_text()
     fake.wait_text("Session B completed")
     assert sum("Session A completed" in m["text"] for m in fake.messages()) == 1
     assert sum("from session B\n" in m["text"] for m in fake.messages()) == 1   # sent once

@@ -9,6 +9,7 @@ import random
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from engine.channels.telegram import router
 from engine.channels.telegram.router import (Answer, Command, Guidance, Ignore, Replied, Say,
                                              route)
 from fake_telegram import FakeTelegram
-from session_store import append_event, create, load, questions, signals
+from session_store import append_event, create, load, questions, sessions_root, signals
 
 TOKEN = "123456:PARTS-MARKER-TOKEN"
 CHAT = 111
@@ -98,6 +99,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
     from engine.channels.telegram.transport import Transport
     ws = str(tmp_path)
     dirs = {sid: create(ws, f"objective {sid}", now=now(), session_id=sid).dir for sid in "AB"}
+    state_file = Path(sessions_root(ws)) / ".telegram/state.yaml"   # where the bot keeps it
     logs: list[str] = []
     looks: list[tuple[set, set]] = []
 
@@ -109,7 +111,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
             return False
         transport = Transport(TOKEN, fake.url, log, sleep)
         assert await transport.connect(asyncio.Event())
-        state = BotState(str(tmp_path / ".ralph-sessions/.telegram/state.yaml"), ws, log)
+        state = BotState(str(state_file), ws, log)
         outbox = Outbox(ws, [CHAT], transport, state, log, stopping=lambda: False, primary="A")
         look = outbox._look
 
@@ -129,7 +131,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
             await asyncio.sleep(0.5)
             assert len(looks) == first, "the outbox looked with nothing changed: a poll"
             # what it does not follow does not wake it: agents' logs, signals, metadata
-            log_file = tmp_path / ".ralph-sessions/A/iterations/1/logs/0001-planner.stdout"
+            log_file = Path(load(ws, "A").work_dir) / "iterations/1/logs/0001-planner.stdout"
             with open(log_file, "a") as out:
                 for i in range(200):
                     out.write(f"agent output {i}\n")
@@ -177,7 +179,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
     with FakeTelegram(TOKEN) as fake:
         asyncio.run(main(fake))
         assert not any("not replayed" in m["text"] for m in fake.messages())
-    saved = yaml.safe_load((tmp_path / ".ralph-sessions/.telegram/state.yaml").read_text())
+    saved = yaml.safe_load(state_file.read_text())
     assert {"session": "B", "question": "qb1"} in saved["messages"].values()
     assert not any(TOKEN.split(":")[1] in line for line in logs)
 
@@ -187,7 +189,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
 def test_the_mark_is_a_file_of_its_own_that_moves_the_deadline(tmp_path):
     sdir = create(str(tmp_path), "mark", now=now(), session_id="m").dir
     _ask(sdir, "m", "q1", "Which one?")
-    path = tmp_path / ".ralph-sessions/m/questions/q1.yaml"
+    path = Path(sdir) / "questions/q1.yaml"
     before = path.read_bytes()
     at = now()
     assert questions.mark_undeliverable(sdir, "q1", at) is True
@@ -207,17 +209,21 @@ def test_the_mark_is_a_file_of_its_own_that_moves_the_deadline(tmp_path):
     assert questions.load_question(sdir, "q2").delivery_failed is True
 
 
-def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_path, monkeypatch):
-    """The waiter (an in-run `ask`, in this thread) and the channel (another thread) race
-    on one question each round: the channel gives up on it just before, at or after the
-    waiter's own deadline. The question always ends timed_out and stays so, and a late
+def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_path):
+    """The waiter (the engine's, of an in-run `ask`: it times the question out at its
+    deadline, in this thread) and the channel (another thread) race on one question each
+    round: the channel gives up on it just before, at or after the waiter's own deadline.
+    The question always ends timed_out and stays so, the asker is told so, and a late
     answer to it reaches the next prompt as guidance."""
-    from engine.tools import interact
     from engine.config import Config
     from engine.driver import Engine
-    monkeypatch.delenv("RALPH_ROLE", raising=False)
+    from engine.inlet import RunInfo
+    from session_store import outbox
     ws = str(tmp_path)
     sdir = create(ws, "race", now=now(), session_id="r").dir
+    engine = Engine(load(ws, "r"), Config(), agent_for=lambda role: None, out=io.StringIO())
+    work = engine.session.work_dir
+    run = RunInfo("0001-executor-t1", "executor", "t1")
     rng = random.Random(15)
     # from the waiter's deadline: well before, well after, then around it (its resolve
     # takes a write: a channel that rewrote the question file could land inside it)
@@ -238,19 +244,26 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
                 time.sleep(0.0005)
         thread = threading.Thread(target=channel)
         thread.start()
-        answer, answered = interact.ask_and_wait(
-            f"Round {round_}?", timeout=0.6 if round_ == 0 else 0.05, default="left",
-            options=[], session_id="r", workspace=ws)
+        rid = outbox.new_request_id()
+        assert engine.run_questions.ask(
+            {"kind": "ask", "id": rid, "text": f"Round {round_}?", "default": "left",
+             "timeout": 0.6 if round_ == 0 else 0.05}, run, via=None) is None
+        # the runner's loop: woken by the deadline's timer (or by its own watchers), it
+        # serves the questions askers wait for until this one's reply is written
+        while (reply := outbox.read_reply(work, rid)) is None:
+            engine.wakeup.wait(0.05)
+            engine.wakeup.clear()
+            engine.run_questions.serve()
         asked.set()
         thread.join(5)
-        assert (answer, answered) == ("left", False)
+        assert reply == {"answered": False, "default": "left"}
+    engine.run_questions.end_run()
     assert True in marked and False in marked, marked   # both orders happened
     asked_ = questions.questions(sdir)
     assert len(asked_) == len(offsets)
     for q in asked_:
         assert q.status is questions.QuestionStatus.TIMED_OUT, q
         questions.answer(sdir, q.id, f"late for {q.id}", now=now(), channel="telegram")
-    engine = Engine(load(ws, "r"), Config(), agent_for=lambda role: None, out=io.StringIO())
     engine.desk.deliver_answers()
     late = {g["id"] for g in signals.guidance(sdir)}
     assert late == {f"late-{q.id}" for q in asked_}

@@ -9,8 +9,8 @@ import select
 import subprocess
 import time
 
-from support import (DONE, EVIDENCE, FAST, RALPH, base_env, plan, ralph, spawn, wait_for,
-                     write_config, write_scenario)
+from support import (DONE, EVIDENCE, FAST, RALPH, base_env, plan, ralph, session_dir, spawn,
+                     wait_for, write_config, write_scenario)
 
 SLOW = [plan("t1", "t2"),
         {"role": "executor", "task": "t1", "sleep": 30, "emit": [{"topic": "build.done",
@@ -97,7 +97,7 @@ def test_tail_and_follow(workspace):
         {"topic": "build.done", "payload": EVIDENCE}]}, *DONE])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
     engine = spawn(workspace, "session", "start", "live", "--id", "live")
-    wait_for(lambda: (workspace / ".ralph-sessions/live/events.jsonl").exists())
+    wait_for(lambda: (session_dir(workspace, "live") / "events.jsonl").exists())
     follower = spawn(workspace, "session", "tail", "live", "-f", "-n", "0")
     out, _ = follower.communicate(timeout=60)
     assert engine.wait(30) == 0 and follower.returncode == 0
