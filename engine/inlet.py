@@ -58,7 +58,7 @@ class Inlet:
                 self._refuse(line, request, line.problem or (
                     "its run ended with the engine that ran it" if request.get("run")
                     else "no engine was running the session to take it"))
-            self._take(self._outbox.reset(None))
+            self._outbox.reset(None, self._take)
         except BaseException:
             os.close(self._presence)
             self._presence = None
@@ -74,14 +74,14 @@ class Inlet:
         """From now on, lines of `run` are taken as its role's (and of no other run)."""
         if self._presence is None:   # a runner driven without the engine's loop (a test's)
             self.start()
-        self._take(self._outbox.reset(run.id))
+        self._outbox.reset(run.id, self._take)
         self.session.work.clear("inbox")
         self._run = run
 
     def close_run(self) -> None:
         """The run is over: what it sent until now is taken, nothing after."""
         try:
-            self._take(self._outbox.reset(None))
+            self._outbox.reset(None, self._take)
         finally:
             self._run = None
 

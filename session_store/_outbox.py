@@ -8,11 +8,12 @@ records what it accepts on the bus. Replies a tool waits for (an answer, a poll)
 back as `inbox/<request id>.json`.
 
 The first line is the engine's header: which run is open now, and a phase id. Opening
-or closing a run reads what is left, truncates the file and writes a new header, under
-the lock every appender takes: once a run is closed, nothing it appends is taken as its.
-Each record the engine makes of a line says where it came from (`via`: [phase, offset
-after the line]), so after a crash the engine knows which lines it never read (they are
-refused: their run died with its engine) and records none twice.
+or closing a run reads what is left and records it, then truncates the file and writes a
+new header, all under the lock every appender takes: once a run is closed, nothing it
+appends is taken as its. Each record the engine makes of a line says where it came from
+(`via`: [phase, offset after the line]), so after a crash the engine knows which lines it
+never read (they are refused: their run died with its engine) and records none twice;
+and no line is cut off before its record is made.
 
 A live engine holds `engine.lock` (flock) for its lifetime: a tool finding it free knows
 nobody will hear it. Stdlib only: this is `ralph emit`'s cold path.
@@ -23,7 +24,7 @@ import errno
 import fcntl
 import json
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ._atomic import FILE_MODE, disk, durable_write_done, read_nofollow
 from ._errors import BadInput
@@ -198,14 +199,17 @@ class Outbox:
         finally:
             os.close(fd)
 
-    def reset(self, run: str | None) -> list[OutboxLine]:
-        """Open `run` (None: close the one open): the lines not read yet come back (the
-        caller takes them as the old phase's), then a new phase begins, empty."""
+    def reset(self, run: str | None, take: Callable[[list[OutboxLine]], None]) -> None:
+        """Open `run` (None: close the one open): the lines not read yet go to `take` (the
+        caller records them as the old phase's) while appenders wait, before they are cut
+        off (a crash in between leaves them, recorded, never read again); then a new phase
+        begins, empty."""
         path = outbox_path(self._work.path)
         fd = self._work_fd()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            left = self._read(fd) if self._phase is not None else []
+            if self._phase is not None:
+                take(self._read(fd))
             self._phase = os.urandom(6).hex()
             head = (json.dumps({"phase": self._phase, "run": run, "engine": os.getpid(),
                                 "max_event_bytes": self.max_bytes}) + "\n").encode()
@@ -216,7 +220,6 @@ class Outbox:
         finally:
             os.close(fd)
         durable_write_done("outbox-reset", path, durable=False)
-        return left
 
     def read_new(self) -> list[OutboxLine]:
         """The complete lines appended since the last read."""
