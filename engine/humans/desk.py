@@ -263,17 +263,22 @@ class HumanDesk:
 
     def _settle_orphan(self, question: questions.Question, answer) -> None:
         """An in-run question whose asker is gone: its answer goes to the next run of the
-        unit that asked (or of any role, once that unit is over); its deadline still holds."""
+        unit that asked (or of any role, once that unit is over); its deadline still holds.
+        A timeout recorded before the engine stopped (its asker got the default) stands:
+        an answer after it is a late one."""
         now = self.clock.now()
-        if answer is None:
-            if now < question.deadline:
+        timed_out = answer is not None and self._on_bus("human.timeout", question.id)
+        if answer is None or timed_out:
+            if answer is None and now < question.deadline:
                 return
-            if not self._on_bus("human.timeout", question.id):
+            if not timed_out and not self._on_bus("human.timeout", question.id):
                 self.session.append_event("human.timeout", {
                     "id": question.id, "in_run": True, "asker_gone": True,
                     "default": question.default})
             questions.resolve(self._dir, question, Q.TIMED_OUT, now)
             self._question_states[question.id] = "timed_out"
+            if timed_out:
+                self._deliver_late(question, answer)
             return
         c = question.context
         ahead = c.role and c.iteration == self.tracker.metadata.iteration and (
