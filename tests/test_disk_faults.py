@@ -31,8 +31,8 @@ import pytest
 import _crashkit as kit
 from session_store import control_root
 from support import RALPH, base_env
-from test_matrix import (SID, Human, Point, _diff, check_parses, full, points_of, resume,
-                         resume_to_the_end, root, start)
+from test_matrix import (SID, Human, Point, _diff, check_humans_and_signals, check_parses, full,
+                         points_of, resume, resume_to_the_end, root, start)
 
 __all__ = ["full", "root"]   # the matrix's fixtures, used here
 
@@ -163,7 +163,9 @@ def fault_at(tmp: Path, base, point: Point, fault: str, place: str, shim: Path |
         result = kit.check_finished(ws, SID, (".docs", ".ralph-demo/kv"))
         assert result == base.outcome, _diff(result, base.outcome)
         check_parses(ws)
-        scenario.check(ws)
+        # the humans cannot answer on a full control plane: the in-run question, which
+        # the engine waits for without writing, may time out meanwhile
+        check_humans_and_signals(ws, in_run_may_time_out=(fault, place) == ("full", "state"))
         assert not (sd / "disk-fault.yaml").exists()
     except Exception as e:  # noqa: BLE001 - reported per point
         st = os.statvfs(disk.path)
