@@ -110,6 +110,10 @@ class Engine:
             if message:
                 self.mailbox.add_message(message)
             try:
+                # before the engine's first write (the outbox's reset): a disk that refused
+                # writes works again, and room is kept aside to say why if it refuses one
+                self.session.clear_disk_fault()
+                self.session.keep_reserve()
                 self.inlet.start()
                 return self._run(resume)
             except DiskFault as fault:
@@ -128,8 +132,6 @@ class Engine:
         left = containment.stop(lambda: containment.find(work))
         if left:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
-        self.session.clear_disk_fault()   # a disk that refused writes works again
-        self.session.keep_reserve()
         # the bus too: what agents append while they run (in-run questions, progress
         # notes) is shown as it lands
         files, paths, trees = engine_watch_paths(d, self.session.work_dir)

@@ -75,10 +75,11 @@ def engine_stopped(pid: int | None) -> bool:
 
 def _standing_on_disk(session, pid) -> tuple[str, str | None]:
     """(status, pause reason): an engine that stopped because its disk refused a write
-    left the session paused for that reason (until a resume clears it)."""
+    left the session paused for that reason (until a resume clears it), also when it was
+    resuming a paused session and stopped before it could say so."""
     m = session.metadata
     fault = session.disk_fault() if pid is None else None
-    if fault is not None and m.status is Status.ACTIVE:
+    if fault is not None and m.status in (Status.ACTIVE, Status.PAUSED):
         return "paused", f"{fault.get('reason')} (at {fault.get('at')})"
     return m.status.value, m.orchestrator.pause_reason
 

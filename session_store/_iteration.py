@@ -61,7 +61,7 @@ class Iteration:
         self._work = work
         self.work_rel = f"iterations/{number}"
         self.work_dir = os.path.join(work.path, self.work_rel) if work else self.dir
-        self.knowledge = Knowledge(self.work_dir, self.dir)
+        self.knowledge = Knowledge(self.work_dir, self.dir, work)
 
     def make_work_dirs(self) -> None:
         """The agents' side of the iteration (knowledge/, logs/), made without following

@@ -23,14 +23,24 @@ BOOKKEEPING = (PROMOTED, CARRIED)
 
 
 class Knowledge:
-    def __init__(self, iteration_dir: str, record_dir: str | None = None):
+    def __init__(self, iteration_dir: str, record_dir: str | None = None, work=None):
         self.root = os.path.join(iteration_dir, "knowledge")
         self._iteration_dir = iteration_dir
         self._record = os.path.join(record_dir or iteration_dir, "knowledge", PROMOTED)
+        self._work = work   # the WorkArea that holds iteration_dir, if any
+
+    def _leads_out(self) -> bool:
+        """knowledge/ is reached through a link an agent planted in the work area (in its
+        place, or in place of a directory above it): nothing there is staged, since a walk
+        or a move would take files from outside the workspace into the docs."""
+        return self._work is not None and \
+            self._work.leads_out(os.path.relpath(self.root, self._work.path))
 
     def staged(self) -> list[str]:
         """Regular files under knowledge/ (a symlink is no knowledge: promoting it would
         put a link to anywhere into the docs; os.walk does not enter linked directories)."""
+        if self._leads_out():
+            return []
         found = []
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
@@ -50,6 +60,8 @@ class Knowledge:
         if not outside_allowed and not _inside(os.path.realpath(docs),
                                                os.path.realpath(workspace)):
             return f"the docs dir {docs} leads outside the workspace {workspace}"
+        if self._leads_out():
+            return f"the knowledge dir {self.root} leads outside the workspace (a link)"
         try:
             found = parse_yaml(read_nofollow(path), path)
         except (OSError, BadInput):   # none yet, or a symlink or garbage in its place
@@ -70,7 +82,10 @@ class Knowledge:
 
     def carry_to(self, following: "Knowledge", *, carried_from: int, now: datetime) -> None:
         """Nobody decided in time: the staged files go to the next iteration's knowledge/,
-        with a carried_from marker for its Librarian to reconcile."""
+        with a carried_from marker for its Librarian to reconcile. Nothing moves from or
+        into a knowledge/ that leads out of the workspace."""
+        if following._leads_out():
+            return
         files = self.staged()
         marker = os.path.join(following.root, CARRIED)
         if not os.path.exists(marker):

@@ -8,11 +8,12 @@ records what it accepts on the bus. Replies a tool waits for (an answer, a poll)
 back as `inbox/<request id>.json`.
 
 The first line is the engine's header: which run is open now, and a phase id. Opening
-or closing a run reads what is left, truncates the file and writes a new header, under
-the lock every appender takes: once a run is closed, nothing it appends is taken as its.
-Each record the engine makes of a line says where it came from (`via`: [phase, offset
-after the line]), so after a crash the engine knows which lines it never read (they are
-refused: their run died with its engine) and records none twice.
+or closing a run reads what is left and records it, then truncates the file and writes a
+new header, all under the lock every appender takes: once a run is closed, nothing it
+appends is taken as its. Each record the engine makes of a line says where it came from
+(`via`: [phase, offset after the line]), so after a crash the engine knows which lines it
+never read (they are refused: their run died with its engine) and records none twice;
+and no line is cut off before its record is made.
 
 A live engine holds `engine.lock` (flock) for its lifetime: a tool finding it free knows
 nobody will hear it. Stdlib only: this is `ralph emit`'s cold path.

@@ -151,6 +151,16 @@ class WorkArea:
         durable_write_done(kind, path, durable=False)
         return path
 
+    def leads_out(self, rel: str) -> bool:
+        """Whether the path `rel` of the work area passes through a link (the work area, or
+        `.ralph-sessions/` above it, swapped for one too): a path-based walk or move there
+        would leave the workspace. (The engine reads and moves by path only while no agent
+        runs, so a check now holds.)"""
+        workspace = os.path.dirname(os.path.dirname(self.path))
+        here = os.path.join(self.path, rel)
+        return os.path.realpath(here) != os.path.join(os.path.realpath(workspace),
+                                                      os.path.relpath(here, workspace))
+
     def read(self, rel: str) -> bytes | None:
         folder, name = os.path.split(rel)
         try:

@@ -2,23 +2,28 @@
 left behind, and on the session once resumed to its end. Shared, so every suite holds a
 session to the same invariants.
 
-Functions take the workspace and the session id: the session is
-`<ws>/.ralph-sessions/<sid>`.
+Functions take the workspace and the session id: the session's control plane is in the
+state directory (`session_dir`), its work area in the workspace (`work_area`). A copy of a
+workspace (`copy_workspace`) copies both, as a second checkout with its sessions.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import yaml
 
 import session_store
+from session_store import control_root, work_root
 from support import metadata, progress_markers
+from support import session_dir as control_dir
 from engine.machine import TRANSITIONS
 from states import State
 
@@ -29,7 +34,19 @@ WORKERS = max(2, min(4, os.cpu_count() or 2))
 class Write(NamedTuple):
     n: int
     kind: str
-    path: str   # relative to the session dir (or the workspace for files outside it)
+    # relative to the session's control plane; `state:` and the path relative to the
+    # workspace's folder in the state directory (`state:sessions/.creating-<id>-<pid>/...`
+    # while the session is built aside); else relative to the workspace (the work area:
+    # `.ralph-sessions/<id>/...`); else absolute
+    path: str
+
+    @property
+    def creating(self) -> bool:
+        """A write into the session's control plane as it is built aside."""
+        return self.path.startswith(STAGING)
+
+
+STAGING = "state:sessions/.creating-"
 
 
 PYCACHE = Path(tempfile.gettempdir()) / f"ralph-tests-pycache-{os.getuid()}"
@@ -60,21 +77,73 @@ def scratch(tmp_path: Path, name: str) -> Path:
     return path
 
 
+@contextmanager
+def state_in(root: Path):
+    """The sessions' control planes in `root/state` (the state directory, RALPH_STATE_DIR,
+    of this process and of every `ralph` it starts) while inside: a slow suite keeps them
+    beside its workspaces, on the same fast disk, and removes them with them."""
+    old = os.environ.get("RALPH_STATE_DIR")
+    os.environ["RALPH_STATE_DIR"] = str(root / "state")
+    try:
+        yield root / "state"
+    finally:
+        if old is None:
+            del os.environ["RALPH_STATE_DIR"]
+        else:
+            os.environ["RALPH_STATE_DIR"] = old
+
+
 def session_dir(ws: Path, sid: str) -> Path:
-    return session_dir(ws, sid)
+    """The session's control plane (in the state directory)."""
+    return control_dir(ws, sid)
+
+
+def work_area(ws: Path, sid: str) -> Path:
+    """The session's work area (in the workspace)."""
+    return Path(work_root(str(ws))) / sid
+
+
+def state_of(ws: Path) -> Path:
+    """The workspace's folder in the state directory: its sessions' control planes."""
+    return Path(control_root(str(ws))).parent
+
+
+def copy_workspace(src: Path, dst: Path) -> Path:
+    """Copy a workspace and its sessions' control planes: `dst` is a workspace of its own,
+    its sessions where they were in `src`. (The control root may be there already: a
+    disk mounted in its place.)"""
+    shutil.copytree(src, dst, symlinks=True)
+    if state_of(src).exists():
+        shutil.copytree(state_of(src), state_of(dst), symlinks=True, dirs_exist_ok=True)
+        (state_of(dst) / "workspace").write_text(os.path.realpath(dst) + "\n")
+    return dst
+
+
+def remove_workspace(ws: Path) -> None:
+    """A workspace, and its sessions' control planes."""
+    shutil.rmtree(state_of(ws), ignore_errors=True)
+    shutil.rmtree(ws, ignore_errors=True)
+
+
+def creation(writes: list[Write]) -> list[Write]:
+    """The writes of a session's creation: up to its last one into the control plane built
+    aside (the work area's first files are written before it is renamed in)."""
+    last = max((i for i, w in enumerate(writes) if w.creating), default=-1)
+    return writes[:last + 1]
 
 
 def read_trace(trace: Path, ws: Path, sid: str) -> list[Write]:
-    """The writes of a RALPH_TEST_WRITE_TRACE file, paths made relative."""
+    """The writes of a RALPH_TEST_WRITE_TRACE file, paths made relative (see Write)."""
+    roots = ((session_dir(ws, sid), ""), (state_of(ws), "state:"), (Path(ws), ""))
     writes = []
     for line in trace.read_text().splitlines():
         n, _pid, kind, path = line.split(" ", 3)
-        p = Path(path)
-        for root in (session_dir(ws, sid), ws):
+        p, shown = Path(path), path
+        for root, prefix in roots:
             if p.is_relative_to(root):
-                p = p.relative_to(root)
+                shown = prefix + str(p.relative_to(root))
                 break
-        writes.append(Write(int(n), kind, str(p)))
+        writes.append(Write(int(n), kind, shown))
     return writes
 
 
@@ -136,6 +205,10 @@ def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo"
         for p in sd.glob(pattern):
             if p.is_file() and not p.name.startswith("."):
                 files[str(p.relative_to(sd))] = _without_times(p)
+    work = work_area(ws, sid)   # the knowledge staged and not promoted
+    for p in work.glob("iterations/*/knowledge/*"):
+        if p.is_file() and not p.name.startswith("."):
+            files[str(p.relative_to(ws))] = _without_times(p)
     for root in roots:
         for p in (ws / root).rglob("*"):
             if p.is_file() and not p.name.startswith("."):

@@ -1,87 +1,93 @@
 """A command agent for the crash matrix: it plays demo-agent scenario steps
-(engine/demo_agent.py), plus three keys that make a scenario act at exact points even
-when a crash makes the engine run a step again:
+(engine/demo_agent.py), plus keys that make a scenario act at exact points even when a
+crash makes the engine run a step again:
 
     drop: [{label, type, message, target, iteration, priority} | {label, raw}]
-        each signal is dropped once per workspace, whatever the attempt: the marker
-        `.matrix-dropped/<label>` is created (exclusively) first, then the signal is
-        dropped (`raw`: a file written as is into signals/inputs, named
-        `signal.000000-<label>.yaml`, e.g. a malformed one)
+        signals the humans drop while this run goes on, each once per workspace whatever
+        the attempt. Humans act from outside the run (an agent never writes the control
+        plane): the agent asks the test's humans (test_matrix.Human) with a request file,
+        `<workspace>/.matrix-drops/<label>.json` (created whole, exclusively), one at a
+        time, and goes on once `<label>.done` says the signal is in the mailbox (`raw`: a
+        file written as is into signals/inputs, named `signal.000000-<label>.yaml`, e.g.
+        a malformed one); `<label>.failed` says the humans could not (a full disk): the
+        run fails, and the next run of the step asks again
+    poll: true
+        then takes its role's signals at this step boundary, as agents do, with the real
+        `ralph tools signals poll --json` (the engine takes them for it and replies
+        through the work area's inbox; an empty mailbox is answered without the engine)
     await_stop: true
-        when this run dropped a signal, wait to be stopped by the engine (PAUSE, ABORT,
-        a priority STEER); exit 9 if it never comes. A run that dropped nothing (the
-        signal went already) plays the rest of the step instead.
+        when a signal of this step was dropped during this run, wait to be stopped by the
+        engine (PAUSE, ABORT, a priority STEER); exit 9 if it never comes. A run whose
+        signals went before it (an earlier run of the step) plays the rest of the step.
     ask_once: {text, options, default}
-        when no question with this text exists yet in the session, emit `human.interact`
-        with it and stop there; once one exists (asked, answered or timed out), play the
-        rest of the step
+        when no question with this text exists yet in the session (read in the control
+        plane, $RALPH_CONTROL_DIR, which agents may read), emit `human.interact` with it
+        and stop there; once one exists (asked, answered or timed out), play the rest of
+        the step
+    ask_in_run: {question, options, timeout}
+        when no question with this text exists yet, ask it inside the run (the demo
+        agent's `ask`: the engine asks, the run waits for the reply), then play the step;
+        once one exists (an earlier run of the step asked it, its answer goes to this
+        run's prompt), play the step without asking
 
 Usage: python _matrix_agent.py SCENARIO.yaml  (the prompt arrives on stdin)
 """
+import json
 import os
-import signal
+import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 
 from engine import demo_agent
-from session_store import signals, write_atomic
+
+REQUESTS = ".matrix-drops"
+PATIENCE = 60.0   # seconds a request may wait for the humans
 
 
-def _drop(ws: str, sdir: str, spec: dict) -> bool:
-    marks = os.path.join(ws, ".matrix-dropped")
-    os.makedirs(marks, exist_ok=True)
+def request_drops(ws: str, specs: list[dict]) -> list[bool]:
+    """Have the humans drop each signal, in order, unless it was dropped before; for each,
+    whether it was dropped during this run (asked now, or asked by a run the engine lost
+    before the humans acted)."""
+    folder = os.path.join(ws, REQUESTS)
+    os.makedirs(folder, exist_ok=True)
+    during = []
+    for spec in specs:
+        done = os.path.join(folder, f"{spec['label']}.done")
+        if os.path.exists(done):
+            during.append(False)
+            continue
+        asked = os.path.join(folder, f"{spec['label']}.json")
+        failed = os.path.join(folder, f"{spec['label']}.failed")
+        _create(asked, json.dumps(spec))
+        give_up = time.monotonic() + PATIENCE
+        while not os.path.exists(done):
+            if os.path.exists(failed):
+                os.unlink(asked)
+                os.unlink(failed)
+                raise SystemExit(f"matrix agent: the humans could not drop {spec['label']}")
+            if time.monotonic() > give_up:
+                raise SystemExit(f"matrix agent: nobody dropped {spec['label']}")
+            time.sleep(0.005)
+        during.append(True)
+    return during
+
+
+def _create(path: str, text: str) -> None:
+    """`path` with `text`, appearing whole; one already there (an earlier run's) stands."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
     try:
-        os.close(os.open(os.path.join(marks, spec["label"]), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.link(tmp, path)
     except FileExistsError:
-        return False
-    try:
-        if "raw" in spec:
-            # named to sort before the time-named ones dropped with it: the engine takes
-            # (or rejects) inputs oldest name first, whether it looks between drops or after
-            write_atomic(os.path.join(sdir, "signals", "inputs",
-                                      f"signal.000000-{spec['label']}.yaml"), spec["raw"],
-                         "agent-file")
-        else:
-            signals.drop(sdir, spec["type"], spec.get("message", ""),
-                         now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),
-                         iteration=spec.get("iteration"), priority=spec.get("priority", False))
-    except Exception:
-        # not dropped (a full disk): the next run of this step drops it again
-        os.unlink(os.path.join(marks, spec["label"]))
-        raise
-    time.sleep(0.003)   # names start with the time in ms: keep the drops in order
-    return True
+        pass
+    finally:
+        os.unlink(tmp)
 
 
-def _drop_all(ws: str, sdir: str, specs: list[dict]) -> list[bool]:
-    """Drop in a child process, as `ralph signal` would be: the engine may stop or lose
-    this agent the moment a PAUSE lands (SIGTERM to its group; SIGKILL when the engine
-    dies, through the agent's parent-death signal, which a child does not inherit), and
-    a writer killed between the link and the unlink of create_exclusive leaves its hidden
-    temp name behind (ignored by the engine). The child, SIGTERM blocked, finishes."""
-    if not specs:
-        return []
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 1
-        try:
-            os.write(w, bytes(int(_drop(ws, sdir, spec)) for spec in specs))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        done = f.read()
-    os.waitpid(pid, 0)
-    return [bool(b) for b in done]
-
-
-def _asked(sdir: str, text: str) -> bool:
+def _asked(control: str, text: str) -> bool:
     import yaml
-    folder = os.path.join(sdir, "questions")
+    folder = os.path.join(control, "questions")
     for name in os.listdir(folder):
         if name.endswith(".yaml") and not name.startswith("."):
             with open(os.path.join(folder, name), "rb") as f:
@@ -98,16 +104,20 @@ def main() -> int:
     step = demo_agent.find_step(demo_agent.load_scenario(sys.argv[1]), names)
     if step is None:
         return 0
-    ws, sdir = env["RALPH_WORKSPACE"], env["RALPH_SESSION_DIR"]
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    dropped = _drop_all(ws, sdir, step.get("drop") or [])
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    dropped = request_drops(env["RALPH_WORKSPACE"], step.get("drop") or [])
+    if step.get("poll"):
+        taken = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
+                                "--json"], capture_output=True, text=True)
+        print(f"poll: exit {taken.returncode}\n{taken.stdout}{taken.stderr}", flush=True)
     if step.get("await_stop") and any(dropped):
         time.sleep(60)
         return 9
     ask = step.get("ask_once")
-    if ask and not _asked(sdir, ask["text"]):
+    if ask and not _asked(env["RALPH_CONTROL_DIR"], ask["text"]):
         step = {"emit": [{"topic": "human.interact", "json": ask}]}
+    in_run = step.pop("ask_in_run", None)
+    if in_run and not _asked(env["RALPH_CONTROL_DIR"], in_run["question"]):
+        step["ask"] = in_run
     return demo_agent.play(step, env)
 
 

@@ -1,14 +1,15 @@
 """The other processes of the soak test (tests/test_soak.py): humans acting on a running
 session from outside its engine, through the store, as the CLI and Telegram do.
 
-    python _soak_actors.py drop SESSION_DIR SEED LOG STOP_AT_ITERATION
+    python _soak_actors.py drop SESSION_DIR STOP SEED LOG STOP_AT_ITERATION
         drops INFO and STEER signals (random targets) at random intervals until the
         session reaches STOP_AT_ITERATION or ends; each name is appended to LOG
-    python _soak_actors.py answer SESSION_DIR LOG
+    python _soak_actors.py answer SESSION_DIR STOP LOG
         answers every pending question as soon as it is seen (the answer names the
         question) until the session ends; each question id is appended to LOG
 
-Both stop when the file SESSION_DIR/../STOP exists, too.
+SESSION_DIR is the session's control plane (where `ralph signal` and `ralph session
+answer` write). Both stop when the file STOP exists, too.
 """
 import os
 import random
@@ -33,8 +34,8 @@ def _state(session_dir: str) -> tuple[int, str]:
     return meta["iteration"], meta["status"]
 
 
-def _stopped(session_dir: str) -> bool:
-    return os.path.exists(os.path.join(os.path.dirname(session_dir), "..", "STOP"))
+def _stopped(stop: str) -> bool:
+    return os.path.exists(stop)
 
 
 def _log(path: str, line: str) -> None:
@@ -43,12 +44,12 @@ def _log(path: str, line: str) -> None:
         f.flush()
 
 
-def drop(session_dir: str, seed: int, log: str, stop_at: int) -> int:
+def drop(session_dir: str, stop: str, seed: int, log: str, stop_at: int) -> int:
     rng = random.Random(seed)
     i = 0
     while not os.path.isdir(os.path.join(session_dir, "signals", "inputs")):
         time.sleep(0.05)
-    while not _stopped(session_dir):
+    while not _stopped(stop):
         time.sleep(rng.uniform(0.05, 0.75))
         iteration, status = _state(session_dir)
         if iteration >= stop_at or status in ("completed", "aborted"):
@@ -62,11 +63,11 @@ def drop(session_dir: str, seed: int, log: str, stop_at: int) -> int:
     return 0
 
 
-def answer(session_dir: str, log: str) -> int:
+def answer(session_dir: str, stop: str, log: str) -> int:
     done: set[str] = set()
     while not os.path.isdir(os.path.join(session_dir, "questions")):
         time.sleep(0.05)
-    while not _stopped(session_dir):
+    while not _stopped(stop):
         folder = os.path.join(session_dir, "questions")
         for name in sorted(os.listdir(folder)):
             qid = name[:-5]
@@ -87,7 +88,7 @@ def answer(session_dir: str, log: str) -> int:
 
 
 if __name__ == "__main__":
-    what, session_dir = sys.argv[1], sys.argv[2]
+    what, session_dir, stop = sys.argv[1], sys.argv[2], sys.argv[3]
     if what == "drop":
-        sys.exit(drop(session_dir, int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
-    sys.exit(answer(session_dir, sys.argv[3]))
+        sys.exit(drop(session_dir, stop, int(sys.argv[4]), sys.argv[5], int(sys.argv[6])))
+    sys.exit(answer(session_dir, stop, sys.argv[4]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -74,11 +73,11 @@ class Baseline(NamedTuple):
     @property
     def creating(self) -> list[Write]:
         """The writes made while the session is built aside (before it is renamed in)."""
-        return [w for w in self.writes if w.path.startswith(".ralph-sessions/.creating-")]
+        return kit.creation(self.writes)
 
     @property
     def running(self) -> list[Write]:
-        return [w for w in self.writes if not w.path.startswith(".ralph-sessions/.creating-")]
+        return self.writes[len(self.creating):]
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +134,10 @@ def test_kill_at_every_kind_of_durable_write_then_resume_completes(tmp_path, bas
     kinds = {w.kind for w in points}
     assert len(points) >= 20, points
     assert {"metadata", "event", "progress", "iteration-metadata", "task", "plan", "report",
-            "prompt",
+            "prompt", "outbox-reset",
             "review", "knowledge-record", "knowledge-promote", "summary"} <= kinds, kinds
+    # both trees: the control plane (state directory) and the work area (workspace)
+    assert any(w.path.startswith(".ralph-sessions/") for w in points), points
     last = baseline.writes[-1].n
 
     def kill_at(w: Write) -> str | None:
@@ -154,7 +155,7 @@ def test_kill_at_every_kind_of_durable_write_then_resume_completes(tmp_path, bas
             assert check_finished(ws) == baseline.outcome
         except Exception as e:  # noqa: BLE001 - reported per point below
             return f"killed after write {w.n} ({w.kind} {w.path}): {type(e).__name__}: {e}"
-        shutil.rmtree(ws, ignore_errors=True)
+        kit.remove_workspace(ws)
         return None
 
     failures = run_all(kill_at, points)
@@ -163,10 +164,12 @@ def test_kill_at_every_kind_of_durable_write_then_resume_completes(tmp_path, bas
 
 @pytest.mark.slow
 def test_kill_while_the_session_is_being_created_leaves_no_session(tmp_path, baseline):
-    """The directory is built aside and renamed in: a kill before the rename leaves no
-    session (resume says so); starting again under the same id then runs normally."""
-    points = [baseline.creating[0], baseline.creating[-1]]
-    assert points[-1].kind == "event", points
+    """The control plane is built aside and renamed in: a kill before the rename leaves no
+    session (resume says so), whatever the work area already holds; starting again under
+    the same id then runs normally. Every write of the creation is a point."""
+    points = baseline.creating
+    assert points[-1].kind == "event" and points[-1].creating, points
+    assert any(w.path.startswith(".ralph-sessions/") for w in points), points
 
     def kill_at(w: Write) -> str | None:
         ws = tmp_path / f"c{w.n:03d}"
@@ -175,7 +178,8 @@ def test_kill_while_the_session_is_being_created_leaves_no_session(tmp_path, bas
             r = start(ws, RALPH_TEST_CRASH_AT_WRITE=w.n)
             assert r.returncode == KILLED, r.stderr
             assert session_store.list_ids(str(ws)) == []
-            for staged in (ws / ".ralph-sessions").glob(".creating-*/metadata.yaml"):
+            for staged in Path(session_store.control_root(str(ws))).glob(
+                    ".creating-*/metadata.yaml"):
                 assert isinstance(yaml.safe_load(staged.read_text()), dict)
             r = resume(ws)
             assert r.returncode == 2 and "unknown session" in r.stderr, r.stderr
@@ -270,8 +274,7 @@ def test_kill_while_signals_are_handled_then_each_is_handled_once(tmp_path, base
         assert r.returncode == 0, r.stderr
         names.append(r.stdout.strip())
 
-    traced = tmp_path / "traced"
-    shutil.copytree(prepared, traced, symlinks=True)
+    traced = kit.copy_workspace(prepared, tmp_path / "traced")
     r = resume(traced, RALPH_TEST_WRITE_TRACE=tmp_path / "trace")
     assert r.returncode == 0, r.stdout + r.stderr
     writes = read_trace(tmp_path / "trace", traced)
@@ -289,21 +292,20 @@ def test_kill_while_signals_are_handled_then_each_is_handled_once(tmp_path, base
 
     def check_signals(ws: Path) -> None:
         sd = session_dir(ws)
+        pad = (kit.work_area(ws, SID) / "scratchpad.md").read_text()
         assert not list((sd / "signals" / "inputs").iterdir())
         assert not list((sd / "signals" / "rejected").iterdir())
         assert sorted(p.name for p in (sd / "signals" / "processed").iterdir()) == sorted(names)
         for name in names:
             doc = yaml.safe_load((sd / "signals" / "processed" / name).read_text())
             assert doc["handling_metadata"]["handled_by"] == "Ralph-Orchestrator", doc
-            assert (sd / "scratchpad.md").read_text().count(name) == 1, \
-                f"{name} in the scratchpad:\n{(sd / 'scratchpad.md').read_text()}"
+            assert pad.count(name) == 1, f"{name} in the scratchpad:\n{pad}"
         assert not yaml.safe_load((sd / "guidance.yaml").read_text()), "guidance not delivered"
 
     check_signals(traced)
 
     def kill_at(w: Write) -> str | None:
-        ws = tmp_path / f"s{w.n:03d}"
-        shutil.copytree(prepared, ws, symlinks=True)
+        ws = kit.copy_workspace(prepared, tmp_path / f"s{w.n:03d}")
         try:
             r = resume(ws, RALPH_TEST_CRASH_AT_WRITE=w.n)
             assert r.returncode == KILLED, r.stderr
@@ -322,9 +324,10 @@ def test_kill_while_signals_are_handled_then_each_is_handled_once(tmp_path, base
 
 # --- one engine per session ---
 
-def _agent_processes(sd: Path) -> list[int]:
-    """Pids of live processes whose environment names this session (its agents)."""
-    mark = f"RALPH_SESSION_DIR={sd}".encode()
+def _agent_processes(work: Path) -> list[int]:
+    """Pids of live processes whose environment names this session's work area (its
+    agents)."""
+    mark = f"RALPH_SESSION_DIR={work}".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -349,12 +352,12 @@ def test_second_engine_is_refused_and_a_killed_engines_lock_is_reclaimed(workspa
     write_config(workspace, {"agent": {"backend": "demo", "script": str(script)}})
     first = spawn(workspace, "session", "start", "One slow task", "--id", "locked",
                   "-c", "ralph.yml", env=base_env(RALPH_DEMO_SLEEP_SCALE="1"))
-    sd = workspace / ".ralph-sessions" / "locked"
+    sd, work = kit.session_dir(workspace, "locked"), kit.work_area(workspace, "locked")
     try:
         wait_for(lambda: first.poll() is not None or (
             (sd / "metadata.yaml").exists()
             and metadata(sd)["orchestrator"]["state"] == "EXECUTING_BATCH"
-            and _agent_processes(sd)), timeout=30)
+            and _agent_processes(work)), timeout=30)
         assert first.poll() is None, first.communicate()
 
         r = ralph(workspace, "session", "resume", "locked", env=base_env(**FAST))
@@ -369,7 +372,7 @@ def test_second_engine_is_refused_and_a_killed_engines_lock_is_reclaimed(workspa
         os.kill(first.pid, signal.SIGKILL)
         first.communicate(timeout=10)
         assert first.returncode == KILLED
-        wait_for(lambda: not _agent_processes(sd), timeout=10)  # the agent died with it
+        wait_for(lambda: not _agent_processes(work), timeout=10)  # the agent died with it
     finally:
         if first.poll() is None:
             first.kill()
@@ -385,6 +388,6 @@ def test_second_engine_is_refused_and_a_killed_engines_lock_is_reclaimed(workspa
 
 
 def check_after_kill_at(ws: Path, session_id: str) -> None:
-    sd = session_dir(ws, session_id)
+    sd = kit.session_dir(ws, session_id)
     assert isinstance(yaml.safe_load((sd / "metadata.yaml").read_text()), dict)
     session_store.load(str(ws), session_id)

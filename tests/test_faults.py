@@ -20,7 +20,7 @@ from engine.clock import SystemClock
 from engine.mailbox import watch
 from session_store import write_atomic
 from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata, ralph,
-                     spawn, wait_for, write_config, write_scenario)
+                     session_dir, spawn, wait_for, write_config, write_scenario)
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent
 from support.sessions import new_session
@@ -103,7 +103,7 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
                              "RObot": {"timeout_seconds": 3}, "fallback": {"enabled": False}})
     engine = spawn(workspace, "session", "start", "freeze me", "--id", "f1",
                    env=base_env(**FAST))
-    sd = workspace / ".ralph-sessions" / "f1"
+    sd = session_dir(workspace, "f1")
     try:
         wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
         os.kill(engine.pid, signal.SIGSTOP)

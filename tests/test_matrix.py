@@ -5,7 +5,9 @@ runs demo-agent steps) meets, at exact points, every thing the engine writes:
 
   iteration 1  the planner drops an INFO for all and a STEER for the Executor (taken at
                plan_ready) and plans t1 (batch 1) and t2 (batch 2);
-               t1's executor asks a loop-level question (human.interact): a human answers;
+               t1's executor takes a STEER dropped for it with `ralph tools signals
+               poll` (the engine takes it and replies through the work area's inbox),
+               then asks a loop-level question (human.interact): a human answers;
                t1's reviewer asks one nobody answers: it times out (on_timeout: continue);
                t2's executor drops a malformed signal (rejected) and a PAUSE, and waits to
                be stopped: the session pauses (exit 3) and is resumed (a second process);
@@ -14,7 +16,9 @@ runs demo-agent steps) meets, at exact points, every thing the engine writes:
                the librarian drops a stale SKIP (rejected), an APPROVE and a SKIP, and
                stages knowledge (knowledge.approval: required): the APPROVE promotes it to
                .docs/, the SKIP then has no effect
-  iteration 2  the planner says nothing is left: COMPLETE
+  iteration 2  the planner asks a question inside its run (`tools interact ask`: the
+               engine asks it, a human answers, the engine replies), then says nothing
+               is left: COMPLETE
 
 ABORT ends a session, so it has a small scenario of its own (ABORTED): t2's executor
 drops it while it runs.
@@ -31,12 +35,13 @@ equal the uninterrupted run's; every file of the session parses. A kill right af
 N-1 is a kill right before write N, so every "before" is covered too (and the kill before
 a process's first write is that process not having run: the resume after it).
 
-The humans are a thread of the test (Human): the first question is answered the moment its
-file appears; the second one's channel gives up on it (questions.mark_undeliverable, as
-the Telegram channel does after its retries), which moves its deadline to now, so its
-timeout applies at once. The engine waits for them (RObot.timeout_seconds is 20 s), so
-neither outcome races a clock, and a session killed while a question is pending finds it
-answered, or timed out, on resume.
+The humans are a thread of the test (Human), outside the engine and its agents' runs: they
+drop the signals the agents' steps ask for (_matrix_agent.py); the first question and the
+in-run one are answered the moment their files appear; the second one's channel gives up
+on it (questions.mark_undeliverable, as the Telegram channel does after its retries),
+which moves its deadline to now, so its timeout applies at once. The engine waits for
+them (RObot.timeout_seconds is 20 s), so neither outcome races a clock, and a session
+killed while a question is pending finds it answered, or timed out, on resume.
 
 The workspaces go to /dev/shm when it is there (RALPH_TEST_SCRATCH_DIR picks another
 place; see _crashkit.scratch).
@@ -62,11 +67,12 @@ import _crashkit as kit
 from _crashkit import KILLED, Write
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, ralph, write_config,
                      write_scenario)
-from session_store import BadInput, DiskFault, progress, questions
+from session_store import BadInput, DiskFault, progress, questions, signals, write_atomic
 
 SID = "matrix"
 OBJECTIVE = "Build a key-value store with a CLI"
 AGENT = Path(__file__).resolve().parent / "_matrix_agent.py"
+DROPS = ".matrix-drops"   # the agent's requests to the humans (see _matrix_agent.py)
 ROOTS = (".docs", ".ralph-demo/kv")
 
 ANSWERED = "Which database should the store use?"
@@ -75,6 +81,9 @@ TIMES_OUT = "Should the CLI print in colour?"
 INFO_ALL = "the target is Linux only"
 STEER_EXECUTOR = "keep every module under 200 lines"
 PRIORITY = "rename the module kv_store"
+POLLED = "log every write of the store"
+IN_RUN = "Is anything left to do?"
+IN_RUN_ANSWER = "no, ship it"
 
 
 def _task(tid: str, batch: int = 1) -> dict:
@@ -98,8 +107,12 @@ SCENARIO = [
               {"label": "steer", "type": "STEER", "target": "Executor",
                "message": STEER_EXECUTOR}],
      "emit": [{"topic": "plan.ready", "json": {"tasks": [_task("t1"), _task("t2", 2)]}}]},
-    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+    {"role": "planner", "ask_in_run": {"question": IN_RUN, "options": [IN_RUN_ANSWER, "no"],
+                                       "timeout": 20},
+     "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
     {"role": "executor", "task": "t1",
+     "drop": [{"label": "polled", "type": "STEER", "target": "Executor", "message": POLLED}],
+     "poll": True,
      "ask_once": {"text": ANSWERED, "options": [ANSWER, "postgres"]}, **_build("t1")},
     {"role": "reviewer", "task": "t1", "ask_once": {"text": TIMES_OUT, "default": "no"},
      "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
@@ -126,7 +139,8 @@ CONFIG = {
 
 # what the session's mailbox must hold at the end: (type, message) of each signal
 PROCESSED = Counter([("INFO", INFO_ALL), ("STEER", STEER_EXECUTOR), ("PAUSE", "lunch break"),
-                     ("STEER", PRIORITY), ("APPROVE", "looks right"), ("SKIP", "not yet")])
+                     ("STEER", PRIORITY), ("APPROVE", "looks right"), ("SKIP", "not yet"),
+                     ("STEER", POLLED)])
 REJECTED = Counter([("signal.000000-malformed.yaml", None), (None, "too late")])
 ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowledge of "
            "iteration 1", "SKIP": "no effect: the knowledge of this iteration was decided "
@@ -138,7 +152,8 @@ ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowle
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     path = kit.scratch(tmp_path_factory.mktemp("matrix"), "matrix")
-    yield path
+    with kit.state_in(path):
+        yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -162,23 +177,68 @@ def resume(ws: Path, **env):
 
 
 class Human(threading.Thread):
-    """The humans: the ANSWERED question gets ANSWER as soon as its file appears; the
-    TIMES_OUT one is never answered, and its channel gives up delivering it (its deadline
-    moves to now). Anything else asked is a failure (recorded in `unexpected`)."""
+    """The humans, acting on the session from outside its engine and its agents' runs: the
+    signals an agent's step asks for are dropped (each once, in the order asked; see
+    _matrix_agent.py); the ANSWERED question gets ANSWER, the IN_RUN one IN_RUN_ANSWER, as
+    soon as its file appears; the TIMES_OUT one is never answered, and its channel gives
+    up delivering it (its deadline moves to now). Anything else asked is a failure
+    (recorded in `unexpected`)."""
 
-    def __init__(self, sd: Path):
+    def __init__(self, ws: Path):
         super().__init__(daemon=True)
-        self.sd = sd
+        self.ws = ws
+        self.sd = kit.session_dir(ws, SID)
         self.seen: set[str] = set()
+        self.dropped: set[str] = set()
         self.unexpected: list[str] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.wait(0.01):
             try:
+                self.drop_asked()
                 self.tick()
             except Exception as e:  # noqa: BLE001 - reported by the test
                 self.unexpected.append(f"{type(e).__name__}: {e}")
+
+    def drop_asked(self) -> None:
+        """Drop each signal an agent asked for and mark it done (`<label>.done`), once; on a
+        full disk (tests/test_disk_faults.py), mark it failed (`<label>.failed`): the
+        agent's run fails, and the step's next run asks again."""
+        folder = self.ws / DROPS
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        for name in names:
+            label = name[:-len(".json")]
+            if not name.endswith(".json") or (folder / f"{label}.done").exists() \
+                    or (folder / f"{label}.failed").exists():
+                continue
+            try:
+                if label not in self.dropped:
+                    spec = json.loads((folder / name).read_text())
+                    try:
+                        self.drop(spec)
+                    except DiskFault:
+                        (folder / f"{label}.failed").touch()
+                        return
+                    self.dropped.add(label)
+                (folder / f"{label}.done").touch()
+            except OSError:   # the workspace's disk is full too: at the next look
+                return
+
+    def drop(self, spec: dict) -> None:
+        if "raw" in spec:
+            # named to sort before the time-named ones dropped with it: the engine takes
+            # (or rejects) inputs oldest name first, whether it looks between drops or after
+            write_atomic(str(self.sd / "signals" / "inputs" /
+                             f"signal.000000-{spec['label']}.yaml"), spec["raw"], "human-file")
+        else:
+            signals.drop(str(self.sd), spec["type"], spec.get("message", ""),
+                         now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),
+                         iteration=spec.get("iteration"), priority=spec.get("priority", False))
+        time.sleep(0.003)   # names start with the time in ms: keep the drops in order
 
     def tick(self) -> None:
         folder = self.sd / "questions"
@@ -195,9 +255,10 @@ class Human(threading.Thread):
                 continue
             now = datetime.now(timezone.utc)
             try:
-                if q.text == ANSWERED:
+                if q.text in (ANSWERED, IN_RUN):
                     try:
-                        questions.answer(str(self.sd), q.id, ANSWER, now=now)
+                        questions.answer(str(self.sd), q.id,
+                                         ANSWER if q.text == ANSWERED else IN_RUN_ANSWER, now=now)
                     except BadInput:
                         pass
                 elif q.text == TIMES_OUT:
@@ -221,7 +282,8 @@ class Human(threading.Thread):
 
 _MASKS = [(re.compile(r"signal\.\d{6}-\d{6}-\d{3}-[0-9a-f]{8}\.yaml"), "signal.*.yaml"),
           (re.compile(r"q\d{6}-\d{6}-[0-9a-f]{4}"), "q*"),
-          (re.compile(r"\.creating-(\S+)-\d+"), r".creating-\1-*")]
+          (re.compile(r"\.creating-(\S+)-\d+"), r".creating-\1-*"),
+          (re.compile(r"inbox/r[0-9a-f]{16}\.json"), "inbox/r*.json")]
 
 
 def masked(w: Write) -> tuple[str, str]:
@@ -232,19 +294,22 @@ def masked(w: Write) -> tuple[str, str]:
 
 
 def check_parses(ws: Path) -> None:
-    """Every file of the session parses as what it is; no temp file is left behind."""
+    """Every file of the session (its control plane and its work area) parses as what it
+    is; no temp file is left behind."""
     sd = kit.session_dir(ws, SID)
-    for p in sd.rglob("*"):
-        if p.is_dir() or p.name == "session.lock":
+    for p in [*sd.rglob("*"), *kit.work_area(ws, SID).rglob("*")]:
+        if p.is_dir() or p.name in ("session.lock", "engine.lock"):
             continue
-        rel = str(p.relative_to(sd))
+        rel = str(p)
         assert not p.name.startswith("."), f"a temp file is left: {rel}"
         if p.suffix == ".yaml" or p.name.endswith(".yaml.taken"):
             doc = yaml.safe_load(p.read_bytes())
             assert isinstance(doc, (dict, list)) or doc is None, rel
-        elif p.suffix == ".jsonl":
+        elif p.suffix == ".jsonl":   # the bus, the outbox
             for line in p.read_text().splitlines():
                 assert isinstance(json.loads(line), dict), rel
+        elif p.suffix == ".json":    # the engine's replies
+            assert isinstance(json.loads(p.read_text()), dict), rel
         elif p.name == "progress.md":
             text = p.read_text()
             lines = [x for x in text.splitlines() if x.startswith("- [")]
@@ -255,18 +320,28 @@ def check_parses(ws: Path) -> None:
             questions.read_answer(str(sd), q.stem)
 
 
-def check_humans_and_signals(ws: Path) -> None:
-    """Each signal handled exactly once, each answer kept and applied once."""
+def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False) -> None:
+    """Each signal handled exactly once, each answer kept and applied once.
+    `in_run_may_time_out`: the humans could not answer the in-run question in time (the
+    control plane's disk was full while the run waited: tests/test_disk_faults.py), so
+    it timed out once, and its answer, kept, reached the next prompt as a late one."""
     sd = kit.session_dir(ws, SID)
     mailbox = sd / "signals"
     assert not list((mailbox / "inputs").iterdir()), "signals left in inputs/"
     assert not list(mailbox.rglob("*.taken")), "a take or a rejection never finished"
     handled = Counter()
+    polled_by = None
     for p in (mailbox / "processed").iterdir():
         doc = yaml.safe_load(p.read_text())
         hm = doc["handling_metadata"]
-        assert hm["handled_by"] == "Ralph-Orchestrator" and hm["handled_at"], doc
-        assert hm["action_taken"], doc
+        if doc["message"] == POLLED:
+            # taken by the executor's poll; or by the engine, when a crash came between the
+            # poll's take and its handled mark (it then reaches the executor's next prompt)
+            polled_by = hm["handled_by"]
+            assert polled_by in ("Ralph-Executor", "Ralph-Orchestrator"), doc
+        else:
+            assert hm["handled_by"] == "Ralph-Orchestrator", doc
+        assert hm["handled_at"] and hm["action_taken"], doc
         handled[(doc["type"], doc["message"])] += 1
         if doc["type"] in ACTIONS:
             assert hm["action_taken"] == ACTIONS[doc["type"]], doc
@@ -278,15 +353,17 @@ def check_humans_and_signals(ws: Path) -> None:
         rejected[(p.name if p.name == "signal.000000-malformed.yaml" else None,
                   doc.get("message") if doc.get("type") == "SKIP" else None)] += 1
     assert rejected == REJECTED, rejected
-    pad = (sd / "scratchpad.md").read_text()
+    pad = (kit.work_area(ws, SID) / "scratchpad.md").read_text()
     for message in (INFO_ALL, STEER_EXECUTOR, PRIORITY):
         assert pad.count(message) == 1, f"{message!r} noted {pad.count(message)} times:\n{pad}"
+    noted = 1 if polled_by == "Ralph-Orchestrator" else 0   # a poll's take is not noted
+    assert pad.count(POLLED) == noted, f"{POLLED!r} noted {pad.count(POLLED)} times:\n{pad}"
     assert json.loads((sd / "guidance.yaml").read_text()) == [], "guidance never delivered"
 
     asked = {q.text: q for q in questions.questions(str(sd))}
-    assert sorted(asked) == sorted([ANSWERED, TIMES_OUT]), list(asked)
-    assert len(list((sd / "questions").glob("*.yaml"))) == 2, "a question was asked twice"
-    a, b = asked[ANSWERED], asked[TIMES_OUT]
+    assert sorted(asked) == sorted([ANSWERED, TIMES_OUT, IN_RUN]), list(asked)
+    assert len(list((sd / "questions").glob("*.yaml"))) == 3, "a question was asked twice"
+    a, b, c = asked[ANSWERED], asked[TIMES_OUT], asked[IN_RUN]
     assert a.status is questions.QuestionStatus.ANSWERED
     assert questions.read_answer(str(sd), a.id).text == ANSWER
     assert b.status is questions.QuestionStatus.TIMED_OUT
@@ -300,8 +377,21 @@ def check_humans_and_signals(ws: Path) -> None:
     assert count("human.response", a.id) == 1, "the answer applied more than once, or never"
     assert count("human.timeout", b.id) == 1, "the timeout applied more than once, or never"
     assert count("human.response", b.id) == 0 and count("human.timeout", a.id) == 0
+    # the in-run question: asked by the planner's run (its record is the run's), answered
+    # once, its answer recorded once (by the engine: to the asker, or to the next run)
+    assert questions.read_answer(str(sd), c.id).text == IN_RUN_ANSWER
+    everyone = kit.records(sd)
+    assert [r["source"] for r in everyone if r["topic"] == "human.question"
+            and r["payload"].get("id") == c.id] == ["planner"], "asked more than once, or never"
+    late = in_run_may_time_out and c.status is questions.QuestionStatus.TIMED_OUT
+    assert c.kind == "in_run" and (late or c.status is questions.QuestionStatus.ANSWERED), c
+    assert count("human.response", c.id) == (0 if late else 1), \
+        "the in-run answer applied more than once, or never"
+    assert count("human.timeout", c.id) == (1 if late else 0), "the timeout applied twice"
+    if late:
+        assert c.late_answer_delivered and pad.count(f"late answer to {c.id}") == 1, pad
     # the answer and the timeout reached the prompt of the run that finished each task
-    logs = sd / "iterations" / "1" / "logs"
+    logs = kit.work_area(ws, SID) / "iterations" / "1" / "logs"
     t1 = sorted(logs.glob("*-executor-t1.prompt.md"))[-1].read_text()
     r1 = sorted(logs.glob("*-reviewer-t1.prompt.md"))[-1].read_text()
     assert ANSWER in t1 and "human.response" in t1, t1
@@ -339,14 +429,14 @@ def make_baseline(root: Path, scenario: Scenario) -> Baseline:
     ws = base / "baseline" / "ws"
     ws.mkdir(parents=True)
     before: list[Path | None] = []
-    with Human(kit.session_dir(ws, SID)):
+    with Human(ws):
         for i, code in enumerate(scenario.exits, 1):
             trace = base / "baseline" / f"trace{i}"
             if i == 1:
                 before.append(None)
                 r = start(ws, config, RALPH_TEST_WRITE_TRACE=trace)
             else:
-                before.append(shutil.copytree(ws, base / f"before{i}", symlinks=True))
+                before.append(kit.copy_workspace(ws, base / f"before{i}"))
                 r = resume(ws, RALPH_TEST_WRITE_TRACE=trace)
             assert r.returncode == code, f"process {i}: exit {r.returncode}\n{r.stdout}{r.stderr}"
     writes = [kit.read_trace(base / "baseline" / f"trace{i}", ws, SID)
@@ -441,7 +531,7 @@ def check_question_pause(ws: Path) -> None:
     bus = [r for r in kit.records(sd) if r["source"] == "engine"]
     assert [r["payload"]["id"] for r in bus if r["topic"] == "human.timeout"] == [q.id]
     assert [r["payload"]["id"] for r in bus if r["topic"] == "human.question"] == [q.id]
-    logs = sd / "iterations" / "1" / "logs"
+    logs = kit.work_area(ws, SID) / "iterations" / "1" / "logs"
     assert "human.timeout" in sorted(logs.glob("*-executor-t1.prompt.md"))[-1].read_text()
     assert json.loads((sd / "guidance.yaml").read_text()) == []
 
@@ -464,14 +554,18 @@ def question_pause(root) -> Baseline:
 class Point(NamedTuple):
     process: int   # 1: `session start`, 2...: the resumes of the uninterrupted run
     write: Write
+    creating: bool = False   # a write of the session's creation (before it is renamed in)
 
     @property
     def name(self) -> str:
         return f"p{self.process}-{self.write.n:03d}"
 
-    @property
-    def creating(self) -> bool:
-        return self.write.path.startswith(".ralph-sessions/.creating-")
+
+def points_of(base: "Baseline") -> list[Point]:
+    """Every write of every process of the uninterrupted run, as a point."""
+    creation = set(kit.creation(base.writes[0]))
+    return [Point(p, w, p == 1 and w in creation)
+            for p, writes in enumerate(base.writes, 1) for w in writes]
 
 
 def resume_to_the_end(ws: Path, scenario: Scenario) -> None:
@@ -496,8 +590,8 @@ def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
         if point.process == 1:
             ws.mkdir(parents=True)
         else:
-            shutil.copytree(base.before[point.process - 1], ws, symlinks=True)
-        with Human(kit.session_dir(ws, SID)):
+            kit.copy_workspace(base.before[point.process - 1], ws)
+        with Human(ws):
             if point.process == 1:
                 r = start(ws, base.config, RALPH_TEST_CRASH_AT_WRITE=point.write.n,
                           RALPH_TEST_WRITE_TRACE=trace)
@@ -507,8 +601,9 @@ def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
             assert r.returncode == KILLED, f"not killed: exit {r.returncode}\n{r.stderr}"
             got = [masked(w) for w in kit.read_trace(trace, ws, SID)]
             want = [masked(w) for w in base.writes[point.process - 1][:point.write.n]]
-            assert got == want, f"the run went another way than the baseline: " \
-                                f"{next((g, w) for g, w in zip(got, want) if g != w)}"
+            assert got == want, "the run went another way than the baseline: at write " + \
+                str(next(((i, g, w) for i, (g, w) in enumerate(zip(got, want), 1) if g != w),
+                          f"{len(got)} writes, not {len(want)}"))
             if point.creating:
                 # built aside, renamed in last: no session yet; starting again works
                 assert not kit.session_dir(ws, SID).exists()
@@ -528,14 +623,18 @@ def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
         return f"{scenario.name}: killed after write {point.write.n} of process " \
                f"{point.process} ({point.write.kind} {point.write.path}): " \
                f"{type(e).__name__}: {e}"
+    kit.remove_workspace(ws)
     shutil.rmtree(ws.parent, ignore_errors=True)
     return None
 
 
 def choose(points: list[Point]) -> list[Point]:
-    """Every point; RALPH_TEST_MATRIX_POINTS=N keeps N of them, evenly spread (for a
-    quick look while developing; CI runs them all)."""
+    """Every point; RALPH_TEST_MATRIX_POINTS=N keeps N of them, evenly spread, and
+    RALPH_TEST_MATRIX_POINTS=p2-052,p2-054 those named (for a quick look while
+    developing; CI runs them all)."""
     wanted = os.environ.get("RALPH_TEST_MATRIX_POINTS", "")
+    if wanted and not wanted.isdigit():
+        return [pt for pt in points if pt.name in wanted.split(",")]
     if not wanted.isdigit() or int(wanted) >= len(points):
         return points
     n = int(wanted)
@@ -543,7 +642,7 @@ def choose(points: list[Point]) -> list[Point]:
 
 
 def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counter:
-    points = [Point(p + 1, w) for p, writes in enumerate(base.writes) for w in writes]
+    points = points_of(base)
     if select is not None:
         points = [pt for pt in points if select(pt, base)]
     chosen = choose(points)
@@ -566,14 +665,19 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counte
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
     kinds = run_matrix(root, full, at_least=100)
-    if os.environ.get("RALPH_TEST_MATRIX_POINTS", "").isdigit():
+    if os.environ.get("RALPH_TEST_MATRIX_POINTS"):
         return
     expected = {"metadata", "event", "progress", "iteration-metadata", "task", "plan",
                 "report", "prompt", "review", "scratchpad", "guidance", "signal-take",
                 "signal-handled", "signal-reject", "signal-rejected", "question",
                 "question-status", "knowledge-record", "knowledge-promote", "summary",
-                "config.yaml"}
+                "config.yaml", "workspace", "outbox-reset", "reply"}
     assert expected <= set(kinds), expected - set(kinds)
+    # both trees: the work area's writes (in the workspace) are points as much as the
+    # control plane's (in the state directory)
+    work = {w.kind for writes in full.writes for w in writes
+            if w.path.startswith(f".ralph-sessions/{SID}/")}
+    assert work == {"scratchpad", "outbox-reset", "prompt", "reply"}, work
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
-"""Issue 8: what a session leaves on disk is private, the Telegram token is never written,
-chats outside allowed_chat_ids change nothing, and a planted lock, question or answer
-(a symlink, or a file of another user) is refused. SECURITY.md says what each test proves.
+"""Issue 8: what a session leaves on disk is private (its control plane in the state
+directory and its work area in the workspace), the Telegram token is never written, chats
+outside allowed_chat_ids change nothing, a planted lock, question or answer in the control
+plane (a symlink, or a file of another user) is refused, and the links an agent plants in
+its work area lead the engine's writes nowhere. SECURITY.md says what each test proves.
 
 Everything here runs the real `ralph` as a subprocess. The modes test runs it under
 umask 000, so a mode is restrictive because the engine chose it, not because the
@@ -19,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import (session_dir, EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
-                     write_scenario)
+from session_store import control_root
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, session_dir, spawn, wait_for,
+                     work_dir, write_config, write_scenario)
 from fake_telegram import FakeTelegram
 
 MARKER = "SECRET-MARKER-TOKEN"
@@ -66,6 +69,17 @@ def umask(mask: int):
         os.umask(old)
 
 
+def state_of(ws: Path) -> Path:
+    """The workspace's folder in the state directory (its sessions' control planes)."""
+    return Path(control_root(str(ws))).parent
+
+
+def trees(ws: Path) -> list[Path]:
+    """Where a workspace's sessions keep files: the work areas and the promoted docs (in
+    the workspace), the control planes (in the state directory)."""
+    return [ws / ".ralph-sessions", ws / ".docs", state_of(ws)]
+
+
 def loose_modes(*roots: Path) -> list[str]:
     """Every path under `roots` (and the roots) that is not 0700 (dirs) / 0600 (files)."""
     found = []
@@ -85,9 +99,10 @@ def loose_modes(*roots: Path) -> list[str]:
 # --- modes ---
 
 def test_every_path_a_session_creates_is_private(workspace):
-    """Under umask 000: directories 0700, files 0600 in .ralph-sessions (metadata, bus,
-    signals, questions, answers, guidance, scratchpad, iterations, prompts, agent logs,
-    reports, reviews, knowledge records) and in the promoted .docs."""
+    """Under umask 000: directories 0700, files 0600 in the control plane (metadata, bus,
+    signals, questions, answers, guidance, iterations, reports, reviews, knowledge
+    records), in the work area (scratchpad, outbox, inbox replies, prompts, agent logs,
+    staged knowledge) and in the promoted .docs; the state directory's folders too."""
     ws = workspace
     scenario = write_scenario(ws, SESSION)
     write_config(ws, {"agent": {"backend": "demo", "script": str(scenario)},
@@ -111,9 +126,12 @@ def test_every_path_a_session_creates_is_private(workspace):
     assert list((sd / "signals/processed").iterdir())
     assert (ws / ".docs/notes.md").exists() and (ws / ".docs/deep/more.md").exists()
     assert (sd / "iterations/1/knowledge/promoted.yaml").exists()
-    assert list((sd / "iterations/1/logs").glob("*.stdout"))
-    assert list((sd / "iterations/1/logs").glob("*.prompt.md"))
-    assert loose_modes(ws / ".ralph-sessions", ws / ".docs") == []
+    work = work_dir(sd)
+    assert list((work / "iterations/1/logs").glob("*.stdout"))
+    assert list((work / "iterations/1/logs").glob("*.prompt.md"))
+    assert (work / "outbox.jsonl").exists() and (work / "scratchpad.md").exists()
+    assert loose_modes(*trees(ws)) == []
+    assert stat.S_IMODE(state_of(ws).parent.stat().st_mode) == 0o700   # workspaces/
     assert stat.S_IMODE((ws / "fresh.yml").stat().st_mode) == 0o600   # it may hold a token
 
 
@@ -146,7 +164,8 @@ def test_the_token_is_never_written_and_strangers_change_nothing(workspace, tmp_
         sd = session_dir(ws, "t")
         question = fake.wait_message(lambda m: "Which database?" in m.get("text", ""), timeout=60)
         qid = pending_question(sd, "Which database?")
-        pad, guidance = (sd / "scratchpad.md").read_bytes(), (sd / "guidance.yaml").exists()
+        pad = (work_dir(sd) / "scratchpad.md").read_bytes()
+        guidance = (sd / "guidance.yaml").exists()
 
         # a chat outside allowed_chat_ids: an answer, guidance, @routing and every command
         stranger = [fake.push(STRANGER, "sqlite", reply_to=question),
@@ -158,7 +177,7 @@ def test_the_token_is_never_written_and_strangers_change_nothing(workspace, tmp_
         assert not list((sd / "answers").iterdir())
         for box in ("inputs", "processed", "rejected"):
             assert not list((sd / "signals" / box).iterdir()), box
-        assert (sd / "scratchpad.md").read_bytes() == pad
+        assert (work_dir(sd) / "scratchpad.md").read_bytes() == pad
         assert (sd / "guidance.yaml").exists() == guidance
         assert fake.messages(STRANGER) == []
 
@@ -173,15 +192,18 @@ def test_the_token_is_never_written_and_strangers_change_nothing(workspace, tmp_
     answer = yaml.safe_load((sd / f"answers/{qid}.yaml").read_text())
     assert (answer["text"], answer["channel"]) == ("postgres", "telegram")
     assert "ignored a message from chat 999" in err
-    logs = "".join(p.read_text() for p in sd.glob("iterations/*/logs/*.stdout"))
+    logs = "".join(p.read_text() for p in work_dir(sd).glob("iterations/*/logs/*.stdout"))
     assert "ENV [" in logs and "RALPH_SESSION_ID" in logs   # the agents' env was dumped
-    assert (ws / ".ralph-sessions/.telegram/state.yaml").exists()
-    # the marker: in no file of the workspace (logs, state, snapshot), in no output
-    for path in ws.rglob("*"):
+    # the channel's state: in the control root, beside the sessions, out of agents' reach
+    assert (Path(control_root(str(ws))) / ".telegram/state.yaml").exists()
+    assert not (ws / ".ralph-sessions/.telegram").exists()
+    # the marker: in no file of the workspace (logs, work areas) or of the state directory
+    # (control planes, channel state, snapshot), in no output
+    for path in [*ws.rglob("*"), *state_of(ws).rglob("*")]:
         if path.is_file() and not path.is_symlink():
             assert MARKER.encode() not in path.read_bytes(), path
     assert MARKER not in out and MARKER not in err
-    assert loose_modes(ws / ".ralph-sessions", ws / ".docs") == []
+    assert loose_modes(*trees(ws)) == []
 
 
 def test_a_token_from_the_config_file_stays_out_of_the_session(workspace, tmp_path):
@@ -198,9 +220,9 @@ def test_a_token_from_the_config_file_stays_out_of_the_session(workspace, tmp_pa
         r = ralph(ws, "session", "start", "obj", "--id", "c", "-c", config, env=env)
         assert r.returncode == 0, r.stderr
         assert fake.calls_of("getUpdates") and fake.wrong_tokens == 0   # the token was used
-    snapshot = yaml.safe_load((ws / ".ralph-sessions/c/config.yaml").read_text())
+    snapshot = yaml.safe_load((session_dir(ws, "c") / "config.yaml").read_text())
     assert snapshot["RObot"]["telegram"]["bot_token"] is None
-    for path in ws.rglob("*"):
+    for path in [*ws.rglob("*"), *state_of(ws).rglob("*")]:
         if path.is_file():
             assert MARKER.encode() not in path.read_bytes(), path
     assert MARKER not in r.stdout + r.stderr
@@ -271,8 +293,11 @@ def test_planted_question_files_are_refused(workspace, paused, tmp_path):
     r = ralph(workspace, "session", "resume", "p", "--max-iterations", "5", env=base_env(**FAST))
     assert r.returncode == 0, r.stdout + r.stderr
     assert outside.read_text().count("SECRET") == 1
+    # the forged id would climb out of questions/ (and answers/) into the state directory
     assert not list(workspace.parent.rglob("escaped*"))
-    for path in (workspace / ".ralph-sessions").rglob("*"):
+    assert not list(state_of(workspace).rglob("escaped*"))
+    assert not list(state_of(workspace).parent.glob("escaped*"))
+    for path in [*paused.rglob("*"), *work_dir(paused).rglob("*")]:
         if path.is_file() and not path.is_symlink() and path != other and path != forged:
             assert b"SECRET" not in path.read_bytes(), path
 
@@ -304,7 +329,7 @@ def test_a_planted_answer_is_refused(workspace, tmp_path, plant):
     assert str(target) in err and "Traceback" not in err
     assert metadata(sd)["status"] == "active"
     assert metadata(sd)["pending_question"] == qid
-    for path in sd.rglob("*"):
+    for path in [*sd.rglob("*"), *work_dir(sd).rglob("*")]:
         if path.is_file() and not path.is_symlink() and path != target:
             assert b"SECRET" not in path.read_bytes(), path
     # a human removes it; the session resumes into the same question and goes on
@@ -316,3 +341,102 @@ def test_a_planted_answer_is_refused(workspace, tmp_path, plant):
     assert ralph(ws, "session", "answer", "a", "yes", "--question", in_run).returncode == 0
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-2000:] + err[-2000:]
+
+
+# --- links an agent plants in its work area ---
+
+HOSTILE = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+    env = os.environ
+    if env["RALPH_ROLE"] == "executor" and env["RALPH_ATTEMPT"] == "1":
+        # a hostile run: every path the engine writes next in the work area becomes a
+        # link to a directory or a file outside the workspace; then it waits for the test
+        work, it, outside = (Path(env["RALPH_SESSION_DIR"]), Path(env["RALPH_ITERATION_DIR"]),
+                             Path(sys.argv[2]))
+
+        def swap(path, target):
+            if path.is_dir() and not path.is_symlink():
+                path.rename(path.with_name(path.name + ".mine"))
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            path.symlink_to(target)
+        swap(it / "logs", outside / "logs")
+        swap(it / "knowledge", outside / "knowledge")
+        swap(work / "inbox", outside / "inbox")
+        swap(work / "scratchpad.md", outside / "victim.txt")
+        swap(work / "outbox.jsonl", outside / "victim.txt")
+        ws = Path(env["RALPH_WORKSPACE"])
+        (ws / "ready").touch()
+        while not (ws / "go").exists():
+            time.sleep(0.02)
+        sys.exit(0)   # emits nothing: the task's next attempt runs
+    os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+''')
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under `root` (links not followed): its kind and content."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        kind = "l" if stat.S_ISLNK(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f"
+        out[str(path.relative_to(root))] = (kind, path.read_bytes() if kind == "f" else None)
+    return out
+
+
+def test_links_an_agent_plants_in_its_work_area_lead_the_engine_nowhere(workspace, tmp_path):
+    """An agent may write its work area, so it may plant a link where the engine writes
+    next there: the next runs' logs, the knowledge it stages, the inbox of replies (which
+    the engine clears), the scratchpad, the outbox (which the engine truncates). The engine
+    walks every one of those paths from the work area's descriptor without following a
+    link: nothing outside changes, nothing outside is read or promoted into the workspace,
+    the links are set aside and the session completes."""
+    ws = workspace
+    outside = tmp_path / "outside"
+    for rel, text in (("victim.txt", "VICTIM\n"), ("logs/0003-executor-t1.stdout", "VICTIM\n"),
+                      ("inbox/r0000000000000000.json", '{"VICTIM": 1}\n'),
+                      ("knowledge/secret.md", "SECRET outside the workspace\n")):
+        (outside / rel).parent.mkdir(parents=True, exist_ok=True)
+        (outside / rel).write_text(text)
+    before = snapshot(outside)
+    scenario = write_scenario(ws, [
+        {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
+            "tasks": [{"id": "t1", "title": "T1"}]}}]},
+        {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE"}]},
+        {"role": "executor", "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+        {"role": "reviewer", "emit": [{"topic": "review.done",
+                                       "payload": "tests: pass, build: pass"}]},
+        {"role": "librarian", "emit": [{"topic": "knowledge.staged", "payload": "notes"}]},
+    ])
+    (ws / "agent.py").write_text(HOSTILE)
+    write_config(ws, {"agent": {"backend": "command", "command": [
+        sys.executable, str(ws / "agent.py"), str(scenario), str(outside)]},
+        "fallback": {"enabled": False}})
+    proc = spawn(ws, "session", "start", "links objective", "--id", "h", env=base_env(**FAST))
+    try:
+        wait_for(lambda: (ws / "ready").exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, proc.communicate()
+        # a human's note, outside the run: the engine writes it into the scratchpad
+        r = ralph(ws, "signal", "info", "a note for the scratchpad", "--session", "h")
+        assert r.returncode == 0, r.stderr
+        (ws / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert snapshot(outside) == before, "a file outside the workspace changed"
+    sd = session_dir(ws, "h")
+    work = work_dir(sd)
+    assert metadata(sd)["status"] == "completed"
+    assert not (ws / ".docs/secret.md").exists()
+    for path in [*ws.rglob("*"), *sd.rglob("*")]:
+        if path.is_file() and not path.is_symlink():
+            assert b"SECRET" not in path.read_bytes(), path
+    # set aside and made anew: the engine's writes went into the work area
+    for rel in ("iterations/1/logs", "inbox", "scratchpad.md", "outbox.jsonl"):
+        assert not (work / rel).is_symlink(), rel
+    assert list((work / "iterations/1/logs").glob("*-reviewer-t1.stdout"))
+    assert (work / "scratchpad.md").read_text().count("a note for the scratchpad") == 1

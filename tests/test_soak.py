@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _crashkit import cached_bytecode, scratch
-from support import (session_dir, EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, write_config,
-                     write_scenario)
+from _crashkit import cached_bytecode, scratch, state_in
+from support import (EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, session_dir,
+                     work_dir, write_config, write_scenario)
 from session_store import questions
 
 SID = "soak"
@@ -71,9 +71,16 @@ def _iteration(sd: Path) -> int:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_path):
     root = scratch(tmp_path, "soak")
+    with state_in(root):
+        soak(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def soak(root: Path) -> None:
     ws = root / "ws"
     ws.mkdir()
     sd = session_dir(ws, SID)
+    stop = ws / "STOP"
     script = write_scenario(ws, scenario())
     write_config(ws, {"agent": {"backend": "demo", "script": str(script)},
                       "event_loop": {"max_iterations": ITERATIONS + 10,
@@ -88,10 +95,10 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
                               cwd=ws, env=env, stdout=out, stderr=subprocess.STDOUT)
     dropped_log, answered_log = root / "dropped.log", root / "answered.log"
     actors = [
-        subprocess.Popen([sys.executable, str(ACTORS), "drop", str(sd), str(SEED),
+        subprocess.Popen([sys.executable, str(ACTORS), "drop", str(sd), str(stop), str(SEED),
                           str(dropped_log), str(ITERATIONS - 5)], cwd=ws, env=env),
-        subprocess.Popen([sys.executable, str(ACTORS), "answer", str(sd), str(answered_log)],
-                         cwd=ws, env=env),
+        subprocess.Popen([sys.executable, str(ACTORS), "answer", str(sd), str(stop),
+                          str(answered_log)], cwd=ws, env=env),
     ]
     rss: dict[int, dict[str, int]] = {}
     at: dict[int, float] = {}
@@ -108,7 +115,7 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
             time.sleep(0.02)
         elapsed = time.monotonic() - began
     finally:
-        (ws / "STOP").touch()
+        stop.touch()
         for p in [engine, *actors]:
             try:
                 p.wait(timeout=30)
@@ -135,7 +142,7 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
     assert sorted(p.name for p in processed.iterdir()) == sorted(dropped)
     assert not list((sd / "signals" / "inputs").iterdir())
     assert not list((sd / "signals" / "rejected").iterdir())
-    pad = (sd / "scratchpad.md").read_text()
+    pad = (work_dir(sd) / "scratchpad.md").read_text()
     for name in dropped:
         doc = yaml.safe_load((processed / name).read_text())
         assert doc["handling_metadata"]["handled_by"] == "Ralph-Orchestrator", doc
@@ -155,7 +162,7 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
     for q in asked:
         assert q.status is questions.QuestionStatus.ANSWERED, q
         assert questions.read_answer(str(sd), q.id).text == f"the answer to {q.id}"
-        logs = sd / "iterations" / str(q.context.iteration) / "logs"
+        logs = work_dir(sd) / "iterations" / str(q.context.iteration) / "logs"
         second = sorted(logs.glob("*-executor-*.prompt.md"))[-1].read_text()
         assert f"the answer to {q.id}" in second
 
@@ -176,4 +183,3 @@ def test_soak_500_iterations_with_signals_and_answers_from_other_processes(tmp_p
         print(f"soak: RALPH_TEST_SOAK_ITERATIONS={ITERATIONS}: not the 500 of the issue")
     assert last["VmRSS"] < 1.5 * first["VmRSS"] or last["VmRSS"] - first["VmRSS"] < 30 * 1024
     assert last["VmHWM"] < 1.5 * first["VmHWM"] or last["VmHWM"] - first["VmHWM"] < 30 * 1024
-    shutil.rmtree(root, ignore_errors=True)

@@ -1,11 +1,11 @@
 """Issue 8: torn writes. A crash in the middle of a write leaves either a torn last line in
-events.jsonl (the one appended file) or a half-written temp file next to a file that is
-rewritten whole (temp, fsync, rename). Loading recovers to the last complete record,
-nothing else is lost, the session resumes and completes, and stray temp files are
-ignored: never read as a signal, an answer or metadata, never listed as a waiting signal,
-and never deleted. (They are ours alone, `.<name>.<pid>.tmp`: a sweep of those whose pid
-is dead, at engine start, would be safe; the engine does not do it today, so they stay
-until a human removes them.)
+an appended file (the bus, events.jsonl; the outbox agents append to, in the work area) or
+a half-written temp file next to a file that is rewritten whole (temp, fsync, rename).
+Loading recovers to the last complete record, nothing else is lost, the session resumes
+and completes, and stray temp files are ignored: never read as a signal, an answer or
+metadata, never listed as a waiting signal, and never deleted. (They are ours alone,
+`.<name>.<pid>.tmp`: a sweep of those whose pid is dead, at engine start, would be safe;
+the engine does not do it today, so they stay until a human removes them.)
 
 The sessions are real (`ralph` subprocesses playing a demo scenario); the cuts are made
 on what a SIGKILL (RALPH_TEST_CRASH_AT_WRITE) left on disk.
@@ -49,6 +49,10 @@ ROOTS = (".docs", ".ralph-demo/out")
 
 def sd_of(ws: Path) -> Path:
     return kit.session_dir(ws, SID)
+
+
+def work_of(ws: Path) -> Path:
+    return kit.work_area(ws, SID)
 
 
 def start(ws: Path, **env):
@@ -111,9 +115,11 @@ def run(tmp_path_factory) -> Run:
 
 @pytest.fixture
 def space(tmp_path):
-    """Room for many workspace copies (tmpfs when there is one)."""
+    """Room for many workspace copies and their sessions' control planes (tmpfs when
+    there is one)."""
     path = kit.scratch(tmp_path, "torn")
-    yield path
+    with kit.state_in(path):
+        yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -134,8 +140,19 @@ def killed_at(root: Path, n: int, run: Run) -> Path:
 
 
 def copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
+    return kit.copy_workspace(src, dst)
+
+
+def resumed_with(base: Path, ws: Path, path: Path, data: bytes, run: Run) -> None:
+    """`base` copied to `ws`, its file `path` (of the copy) holding `data`, resumed to the
+    end (the human answers): the outcome of the uninterrupted run."""
+    copy(base, ws)
+    path.write_bytes(data)
+    proc = spawn(ws, "session", "resume", SID, env=kit.cached_bytecode(base_env(**FAST)))
+    answer_when_asked(ws, proc)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert kit.check_finished(ws, SID, ROOTS) == run.outcome
 
 
 def resume_forked(workspaces: list[Path], workers: int = kit.WORKERS) -> dict[Path, tuple]:
@@ -239,7 +256,7 @@ def test_final_transition_record_torn_at_every_byte_then_resume_completes(space,
             assert len(kit.transitions(sd_of(ws))) == transitions
         except Exception as e:  # noqa: BLE001 - reported per cut
             return f"cut at byte {c} of {len(line)}: {type(e).__name__}: {e}"
-        shutil.rmtree(ws, ignore_errors=True)
+        kit.remove_workspace(ws)
         return None
 
     failures = [f for f in map(cut_at, range(len(line))) if f]
@@ -253,8 +270,9 @@ def test_mid_session_record_torn_then_agents_and_engine_append_after_it(space, r
     batch still to run) cut at every byte: readers skip it and the next appender (the
     engine re-recording the transition) cuts it off; a spread of the cuts is resumed to
     the end, where every agent's and the engine's records follow in order."""
-    first_transition = next(w.n for w in run.writes if w.kind == "event"
-                            and not w.path.startswith(".ralph-sessions/.creating-"))
+    first_transition = next(w.n for w, before in zip(run.writes[1:], run.writes)
+                            if w.kind == "event" and before.kind == "metadata"
+                            and not w.creating)
     base = killed_at(space, first_transition, run)
     whole, line = tear(base)
     assert json.loads(line)["payload"]["trigger"] == "plan_ready", line
@@ -272,18 +290,60 @@ def test_mid_session_record_torn_then_agents_and_engine_append_after_it(space, r
     cuts = sorted({1, 2, len(line) - 2, len(line) - 1} | set(range(0, len(line), 23)))
 
     def cut_at(c: int) -> str | None:
-        ws = copy(base, space / f"m{c:04d}")
+        ws = space / f"m{c:04d}"
         try:
-            (sd_of(ws) / "events.jsonl").write_bytes(whole + line[:c])
-            proc = spawn(ws, "session", "resume", SID,
-                         env=kit.cached_bytecode(base_env(**FAST)))
-            answer_when_asked(ws, proc)
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, out + err
-            assert kit.check_finished(ws, SID, ROOTS) == run.outcome
+            resumed_with(base, ws, sd_of(ws) / "events.jsonl", whole + line[:c], run)
         except Exception as e:  # noqa: BLE001
             return f"cut at byte {c} of {len(line)}: {type(e).__name__}: {e}"
-        shutil.rmtree(ws, ignore_errors=True)
+        kit.remove_workspace(ws)
+        return None
+
+    failures = kit.run_all(cut_at, cuts)
+    assert not failures, "\n".join(failures)
+
+
+# --- what a killed engine's run left in the outbox ---
+
+@pytest.mark.slow
+def test_outbox_lines_a_killed_run_left_are_refused_once_and_a_torn_one_dropped(space, run):
+    """The engine is killed right after recording the planner's plan.ready, taken from the
+    outbox (the record says where it came from: `via`); the planner's run had appended one
+    more line, here whole (a line no engine read) or cut (an agent killed mid-append). The
+    resume records plan.ready no second time (its via says it was read), refuses the whole
+    unread line once, as its run's (that run ended with its engine), drops a torn one
+    unrecorded, and completes like an uninterrupted run."""
+    base = killed_at(space, run.point("event", after="prompt"), run)
+    outbox = (work_of(base) / "outbox.jsonl").read_bytes()
+    header = json.loads(outbox.split(b"\n", 1)[0])
+    recorded = kit.records(sd_of(base))[-1]
+    assert recorded["topic"] == "plan.ready" and recorded["run"] == header["run"], recorded
+    assert recorded["via"] == [header["phase"], len(outbox)], (recorded, len(outbox))
+    line = (json.dumps({"kind": "event", "id": "r" + "0" * 16, "topic": "note.left",
+                        "payload": "left by the planner's run", "run": header["run"]})
+            + "\n").encode()
+    cuts = sorted({1, 2, len(line) // 2, len(line) - 2, len(line) - 1, len(line)})
+
+    def cut_at(c: int) -> str | None:
+        ws = space / f"o{c:04d}"
+        try:
+            resumed_with(base, ws, work_of(ws) / "outbox.jsonl", outbox + line[:c], run)
+            bus = kit.records(sd_of(ws))
+            # (the planner runs again: its new run's plan.ready is its own)
+            assert [r["via"] for r in bus if r["topic"] == "plan.ready"
+                    and r["run"] == header["run"]] == [recorded["via"]], "read twice"
+            assert not [r for r in bus if r["topic"] == "note.left"], "a dead run's line taken"
+            refused = [r for r in bus if r["topic"] == "emit.refused"
+                       and r["payload"].get("topic") == "note.left"]
+            if c == len(line):
+                [r] = refused
+                assert r["run"] == header["run"], r
+                assert "ended with the engine" in r["payload"]["why"], r
+                assert r["via"] == [header["phase"], len(outbox) + len(line)], r
+            else:
+                assert refused == [], "a torn line recorded"
+        except Exception as e:  # noqa: BLE001 - reported per cut
+            return f"cut at byte {c} of {len(line)}: {type(e).__name__}: {e}"
+        kit.remove_workspace(ws)
         return None
 
     failures = kit.run_all(cut_at, cuts)
@@ -305,13 +365,14 @@ def plant(path: Path, content: bytes) -> Path:
 @pytest.mark.slow
 def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     """Killed while its question is pending; then writers die mid-write next to the
-    session's files: the metadata, the guidance queue, the scratchpad, the iteration's
-    metadata and progress, the question, and a signal and an answer that never landed.
+    session's files: the metadata, the guidance queue, the iteration's metadata and
+    progress, the question, and a signal and an answer that never landed (the control
+    plane), and the scratchpad (the work area).
     Loading sees the last complete version of each; a complete signal and a complete
     answer written afterwards are both taken; resume completes like an uninterrupted run;
     the temp files are left as they were."""
     ws = killed_at(space, run.point("event", after="question"), run)
-    sd = sd_of(ws)
+    sd, work = sd_of(ws), work_of(ws)
     meta_before = (sd / "metadata.yaml").read_bytes()
     qid = metadata(sd)["pending_question"]
     assert qid and (sd / "questions" / f"{qid}.yaml").exists()
@@ -322,7 +383,7 @@ def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     planted = [
         plant(sd / "metadata.yaml", meta_before),
         plant(sd / "guidance.yaml", b'[{"id": "x", "target": "all", "message": "torn"}]\n'),
-        plant(sd / "scratchpad.md", (sd / "scratchpad.md").read_bytes() + b"\n- torn note\n"),
+        plant(work / "scratchpad.md", (work / "scratchpad.md").read_bytes() + b"\n- torn note\n"),
         plant(sd / "iterations" / "1" / "metadata.yaml",
               (sd / "iterations" / "1" / "metadata.yaml").read_bytes()),
         plant(sd / "iterations" / "1" / "progress.md",
@@ -363,8 +424,8 @@ def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     assert "handling_metadata" in yaml.safe_load((sd / "signals" / "processed" /
                                                   whole_signal).read_text())
     assert not list((sd / "signals" / "rejected").iterdir())
-    assert (sd / "scratchpad.md").read_text().count("a whole signal") == 1
-    assert "torn" not in (sd / "scratchpad.md").read_text()
+    assert (work / "scratchpad.md").read_text().count("a whole signal") == 1
+    assert "torn" not in (work / "scratchpad.md").read_text()
     assert questions.load_question(str(sd), qid).status is questions.QuestionStatus.ANSWERED
     assert questions.read_answer(str(sd), qid).text == "sqlite"
     bus = kit.records(sd)
@@ -372,7 +433,7 @@ def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
                and e["payload"].get("id") == qid) == 1
     assert sum(1 for e in bus if e["topic"] == "human.question"
                and e["payload"].get("id") == qid) == 1
-    prompts = sorted((sd / "iterations" / "1" / "logs").glob("*.prompt.md"))
+    prompts = sorted((work / "iterations" / "1" / "logs").glob("*.prompt.md"))
     executor = [p.read_text() for p in prompts if "-executor-t1." in p.name]
     assert "sqlite" in executor[-1]
     assert sum("a whole signal" in p.read_text() for p in prompts) == 1

@@ -212,11 +212,12 @@ class HumanDesk:
             question.timeout_paused = True
             questions.save_question(self._dir, question)
 
-    def _on_bus(self, topic: str, qid: str) -> bool:
-        """Whether the engine recorded `topic` for question `qid` (asked only on the paths
-        a crash leads to; read from the end of the bus back)."""
+    def _on_bus(self, topic: str, qid: str, source: str | None = "engine") -> bool:
+        """Whether the engine recorded `topic` for question `qid` as `source` (None: as
+        any, for an in-run question is recorded as its run's). Asked only on the paths a
+        crash leads to; read from the end of the bus back."""
         return self.session.last_event(
-            lambda r: r["topic"] == topic and r.get("source") == "engine"
+            lambda r: r["topic"] == topic and source in (None, r.get("source"))
             and isinstance(r["payload"], dict) and r["payload"].get("id") == qid) is not None
 
     # --- late answers and recovery ---
@@ -268,17 +269,22 @@ class HumanDesk:
 
     def _settle_orphan(self, question: questions.Question, answer) -> None:
         """An in-run question whose asker is gone: its answer goes to the next run of the
-        unit that asked (or of any role, once that unit is over); its deadline still holds."""
+        unit that asked (or of any role, once that unit is over); its deadline still holds.
+        A timeout recorded before the engine stopped (its asker got the default) stands:
+        an answer after it is a late one."""
         now = self.clock.now()
-        if answer is None:
-            if now < question.deadline:
+        timed_out = answer is not None and self._on_bus("human.timeout", question.id)
+        if answer is None or timed_out:
+            if answer is None and now < question.deadline:
                 return
-            if not self._on_bus("human.timeout", question.id):
+            if not timed_out and not self._on_bus("human.timeout", question.id):
                 self.session.append_event("human.timeout", {
                     "id": question.id, "in_run": True, "asker_gone": True,
                     "default": question.default})
             questions.resolve(self._dir, question, Q.TIMED_OUT, now)
             self._question_states[question.id] = "timed_out"
+            if timed_out:
+                self._deliver_late(question, answer)
             return
         c = question.context
         ahead = c.role and c.iteration == self.tracker.metadata.iteration and (
@@ -316,11 +322,18 @@ class HumanDesk:
         """After a crash: a loop question written just before the engine died is adopted
         (the question file is the commit point of asking); an in-run `ask` whose agent
         died with the engine has no asker any more (its answer goes to the unit's next
-        run)."""
+        run), and one asked just before is recorded as its run's."""
         self.release_in_run_questions()
         m = self.tracker.metadata
         for question in questions.questions(self._dir):
-            if question.status is not Q.PENDING or question.kind == "in_run":
+            if question.status is not Q.PENDING:
+                continue
+            if question.kind == "in_run":
+                if not self._on_bus("human.question", question.id, source=None):
+                    self.session.append_event("human.question", {
+                        "id": question.id, "text": question.text, "in_run": True,
+                        "deadline": question.deadline.isoformat(), "asker_gone": True},
+                        source=question.context.role or "engine")
                 continue
             if m.pending_question is None:
                 m.pending_question = question.id

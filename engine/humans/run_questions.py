@@ -85,18 +85,21 @@ class RunQuestions:
             except BadInput:
                 continue
             now = self.clock.now()
+            # recorded and replied before the question is resolved (its commit point): a
+            # crash in between leaves it pending, its asker gone with the engine, and the
+            # next engine settles it for the unit's next run, recording nothing twice (desk)
             if answer is not None:
-                questions.resolve(d, question, Q.ANSWERED, now)
                 self.session.append_event("human.response", {
                     "id": qid, "answer": answer.text, "channel": answer.channel,
                     "in_run": True})
                 self._reply(rid, {"answered": True, "text": answer.text})
+                questions.resolve(d, question, Q.ANSWERED, now)
             elif now >= question.deadline:   # a channel that could not deliver it moved it
-                questions.resolve(d, question, Q.TIMED_OUT, now)
                 self.session.append_event("human.timeout", {
                     "id": qid, "in_run": True, "default": question.default,
                     **({"delivery_failed": True} if question.delivery_failed else {})})
                 self._reply(rid, {"answered": False, "default": question.default})
+                questions.resolve(d, question, Q.TIMED_OUT, now)
             else:
                 continue
             del self._waiting[qid]
