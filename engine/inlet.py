@@ -14,7 +14,8 @@ import os
 import re
 from typing import Callable, NamedTuple
 
-from session_store import REFUSED, Outbox, OutboxLine, hold_engine_lock, outbox
+from session_store import (REFUSED, Outbox, OutboxLine, hold_engine_lock, holds_engine_lock,
+                           outbox)
 
 from .tools.emit import EmitError, check
 
@@ -75,16 +76,33 @@ class Inlet:
         """From now on, lines of `run` are taken as its role's (and of no other run)."""
         if self._presence is None:   # a runner driven without the engine's loop (a test's)
             self.start()
+        self._reclaim()
         self._outbox.reset(run.id, self._take)
         if self._replied:   # the replies of the run before: nobody waits for them now
             self.session.work.clear(outbox.INBOX)
             self._replied = False
+        else:   # there for the run's tools to watch (made anew if removed or swapped)
+            os.close(self.session.work.dir_fd(outbox.INBOX))
         self._run = run
+
+    def _reclaim(self) -> None:
+        """The work area as the last run left it: whatever it removed or swapped for a
+        link (a `git clean` of the workspace, say) is reached anew, and the engine's
+        presence there held again, so this run's tools find their engine."""
+        work = self.session.work
+        work.refresh(outbox.INBOX)
+        if not holds_engine_lock(work, self._presence):
+            os.close(self._presence)
+            self._presence = hold_engine_lock(work)
 
     def close_run(self) -> None:
         """The run is over: what it sent until now is taken, nothing after."""
         try:
-            self._outbox.reset(None, self._take)
+            try:
+                self._outbox.reset(None, self._take)
+            except FileNotFoundError:   # the run removed its work area: made again
+                self._reclaim()
+                self._outbox.reset(None, self._take)
         finally:
             self._run = None
 

@@ -81,6 +81,7 @@ class AgentRunner:
         self._last_run_ended: float | None = None
         self._stopping: Next | Rerun | None = None
         self._bus = session.events_after(None)
+        self._attempts: dict[tuple[int, str], int] = {}   # (iteration, role[-task]): runs
         self._ralph = ralph_argv()
         # what every run inherits: the engine's environment, less the secrets and the
         # tests' hooks (read once: os.environ decodes every item on each look)
@@ -150,7 +151,10 @@ class AgentRunner:
         self.tracker.metadata.usage.agent_invocations += 1   # names its logs (see Tracker)
         seq = self.tracker.metadata.usage.agent_invocations
         name = f"{role}-{task.id}" if task else role
-        attempt = 1 + it.runs_of(name)
+        # counted here once seeded from the logs (a resume's): the logs are the agents' to
+        # delete (a `git clean`), the count is not
+        attempt = self._attempts[(it.number, name)] = 1 + self._attempts.get(
+            (it.number, name), it.runs_of(name))
         files: RunFiles = it.run_files(seq, name)
         env = dict(self._base_env)
         env.update({

@@ -11,7 +11,7 @@ _WHERE = {
     "QuestionCancelled": "_errors",
     "Lease": "_lock",
     "WorkArea": "_work", "open_beneath": "_work", "Outbox": "_outbox", "OutboxLine": "_outbox",
-    "hold_engine_lock": "_outbox",
+    "hold_engine_lock": "_outbox", "holds_engine_lock": "_outbox",
     "state_root": "_places", "control_root": "_places", "work_root": "_places",
     "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",

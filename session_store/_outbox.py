@@ -162,6 +162,17 @@ def hold_engine_lock(work) -> int:
     return fd
 
 
+def holds_engine_lock(work, fd: int) -> bool:
+    """Whether `fd` (hold_engine_lock's) is still the work area's engine.lock (a `git
+    clean` may have removed it, an agent replaced it)."""
+    try:
+        now = os.lstat(os.path.join(work.path, ENGINE_LOCK))
+    except OSError:
+        return False
+    then = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino)
+
+
 class OutboxLine:
     """One request as the engine read it: `request` (a dict), or why it is none. (A
     plain class: `typing` would cost `ralph emit` milliseconds to import.)"""

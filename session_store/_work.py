@@ -16,6 +16,7 @@ import stat
 from ._atomic import DIR_MODE, FILE_MODE, disk, durable_write_done, temp_name
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KEPT = 8   # directories a work area keeps open: the current iteration's, the inbox
 
 
 class WorkArea:
@@ -46,6 +47,20 @@ class WorkArea:
         self.close()
         self._root()
 
+    def refresh(self, *rels: str) -> None:
+        """Forget the work area, or the directories `rels` of it, where they are no longer
+        at their place (the work area removed by a `git clean`, a directory swapped for a
+        link): the next write reaches them anew (made again, a link set aside). One lstat
+        each. (A directory kept and swapped meanwhile is still the real one, renamed: the
+        engine's writes go there, never through the link.)"""
+        if self._fd is not None and not _still_at(self.path, self._fd):
+            self.close()
+            return
+        for key in rels:
+            fd = self._dirs.get(key)
+            if fd is not None and not _still_at(os.path.join(self.path, key), fd):
+                os.close(self._dirs.pop(key))
+
     def close(self) -> None:
         for fd in self._dirs.values():
             os.close(fd)
@@ -59,6 +74,8 @@ class WorkArea:
         following a link; the caller closes it."""
         key = "/".join(p for p in rel.split("/") if p)
         if key not in self._dirs:
+            if len(self._dirs) >= _KEPT:   # the oldest goes (an iteration left behind)
+                os.close(self._dirs.pop(next(iter(self._dirs))))
             self._dirs[key] = self._walk(key)
         return os.dup(self._dirs[key])
 
@@ -198,6 +215,16 @@ def open_beneath(root: str, path: str) -> int:
         return work.open_file(path)
     finally:
         work.close()
+
+
+def _still_at(path: str, fd: int) -> bool:
+    """Whether the directory open as `fd` is what `path` names now (no link followed)."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    then = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino)
 
 
 def _open_dir(fd: int, name: str) -> int:

@@ -171,7 +171,14 @@ def wait_for_the_test() -> None:
         time.sleep(0.02)
 
 
-ATTACKS = {"wait": wait_for_the_test, "rewrite": rewrite_the_workspace, "human": act_as_the_human,
+def clean_the_workspace() -> None:
+    """Not hostile, only careless: `git clean -fdx` takes the work area with it."""
+    import shutil
+    shutil.rmtree(os.path.join(WS, ".ralph-sessions"))
+    record("work area removed")
+
+
+ATTACKS = {"wait": wait_for_the_test, "clean": clean_the_workspace, "rewrite": rewrite_the_workspace, "human": act_as_the_human,
            "engine": speak_as_the_engine, "poll": poll_as_another_role,
            "secrets": read_the_secrets, "links": plant_links}
 
@@ -193,8 +200,9 @@ def work() -> None:
 
 def main() -> int:
     sys.stdin.read()
-    wanted = json.loads(ENV.get("HOSTILE_PLAN", "{}"))   # role -> attacks, in iteration 1
-    for name in wanted.get(ROLE, []) if ENV.get("RALPH_ITERATION") == "1" else []:
+    wanted = json.loads(ENV.get("HOSTILE_PLAN", "{}"))   # role -> attacks, in its first run
+    first = ENV.get("RALPH_ITERATION") == "1" and ENV.get("RALPH_ATTEMPT") == "1"
+    for name in wanted.get(ROLE, []) if first else []:
         ATTACKS[name]()
     work()
     return 0

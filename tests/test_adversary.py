@@ -223,3 +223,18 @@ def test_a_damaged_config_snapshot_refuses_to_resume(workspace, damage):
     assert "config snapshot" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
     assert metadata(session_dir(workspace, "s")) == before
+
+
+def test_a_removed_work_area_is_made_again_and_the_session_goes_on(workspace, outside):
+    """An executor that runs `git clean -fdx` (the work area, its outbox and the engine's
+    presence gone with it): its own events are refused (no engine there to hear them), the
+    engine makes the work area again for the next run, and the session completes."""
+    r = hostile_session(workspace, {"executor": ["clean"]})
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = attacks(workspace)
+    assert found["work build.done"]["code"] == 0   # the retry's, heard
+    sd = session_dir(workspace, "h")
+    assert metadata(sd)["status"] == "completed"
+    assert (workspace / ".ralph-sessions" / "h" / "outbox.jsonl").exists()
+    done = [e for e in events(sd) if e["topic"] == "build.done"]
+    assert len(done) == 1 and done[0]["source"] == "executor"
