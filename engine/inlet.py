@@ -132,7 +132,12 @@ class Inlet:
             why = f"run {claimed} is over" + (f"; run {run.id} is running now" if run else "")
             return self._refuse(line, request, why)
         kind = request["kind"]
-        source = run.role if claimed is not None else "cli"
+        if claimed is None and kind != "refusal":
+            # the outbox is the agents': a line naming no run vouches for nobody (a human's
+            # `ralph emit` writes the bus itself)
+            return self._refuse(line, request, f"{kind} names no run (RALPH_RUN_ID): the "
+                                "outbox takes agent runs' requests only")
+        source = run.role if claimed is not None else "unknown"
         if kind == "event":
             topic, payload = request.get("topic"), request.get("payload")
             try:
@@ -144,8 +149,6 @@ class Inlet:
             self.session.append_event("cli.refused", {
                 "command": _short(request.get("command")), "why": _short(request.get("why"))},
                 source=source, run=claimed, via=line.via)
-        elif claimed is None:
-            self._refuse(line, request, f"{kind} comes from agent runs only (RALPH_RUN_ID)")
         elif kind == "poll":   # no record of its own: a crash before the next one, and it
             # is refused on the next start, as its run is then over
             role = request.get("role")
@@ -163,8 +166,7 @@ class Inlet:
     def _refuse(self, line: OutboxLine, request: dict, why: str) -> None:
         claimed = request.get("run")
         run = self._run
-        source = run.role if run is not None and claimed == run.id else \
-            ("cli" if claimed is None else "unknown")
+        source = run.role if run is not None and claimed == run.id else "unknown"
         payload = {"kind": request.get("kind"), "topic": _short(request.get("topic")),
                    "why": why}
         shown = request.get("payload")

@@ -15,6 +15,7 @@ _WHERE = {
     "state_root": "_places", "control_root": "_places", "work_root": "_places",
     "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
+    "load_work_area": "_session",
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
     "sessions_root": "_session", "open_channel_log": "_session",
     "Iteration": "_iteration", "Attempt": "_iteration", "RunFiles": "_iteration",

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 
 from ._atomic import FILE_MODE, disk, durable_write_done, read_nofollow
 from ._errors import BadInput
@@ -313,9 +314,16 @@ def _parse(raw: bytes, via: list) -> OutboxLine:
     if not raw.strip():
         return OutboxLine(via, None, "an empty line")
     try:
-        request = json.loads(raw, parse_constant=_no_constant)
+        text = raw.decode("utf-8")   # strictly: json.loads would take UTF-16 and half a character
+    except UnicodeDecodeError:
+        return OutboxLine(via, None, "not UTF-8 text")
+    try:
+        request = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return OutboxLine(via, None, "not a JSON object")
+    if _ESCAPED_SURROGATE.search(text) and not _whole_characters(request):
+        # "\ud800" alone is half a character: no record could hold it as UTF-8
+        return OutboxLine(via, None, "half a character (a lone surrogate escape)")
     if not isinstance(request, dict) or request.get("kind") not in KINDS:
         return OutboxLine(via, None, f"not a request (kind: one of {', '.join(KINDS)})")
     for key in ("id", "run"):
@@ -323,6 +331,17 @@ def _parse(raw: bytes, via: list) -> OutboxLine:
         if value is not None and (not isinstance(value, str) or len(value) > 128):
             return OutboxLine(via, None, f"$.{key}: expected a short string")
     return OutboxLine(via, request)
+
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _whole_characters(request: dict) -> bool:
+    try:
+        json.dumps(request, ensure_ascii=False).encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _no_constant(name: str):

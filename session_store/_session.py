@@ -308,6 +308,12 @@ def load(workspace: str, session_id: str) -> Session:
     return Session(workspace, session_id, meta)
 
 
+def load_work_area(work_dir: str) -> Session:
+    """The session whose work area is `work_dir` (as `work_root` names it)."""
+    root, session_id = os.path.split(os.path.abspath(work_dir))
+    return load(os.path.dirname(root), session_id)
+
+
 def list_ids(workspace: str) -> list[str]:
     root = sessions_root(workspace)
     try:

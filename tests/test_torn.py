@@ -196,6 +196,10 @@ def resume_forked(workspaces: list[Path], workers: int = kit.WORKERS) -> dict[Pa
                     os._exit(code)
             running[pid] = ws
         pid, status = os.wait()
+        if pid not in running:
+            # an orphan of an earlier test (a run's supervisor) adopted by this process,
+            # which an in-process `session start` made a subreaper: reaped, not ours
+            continue
         ws = running.pop(pid)
         results[ws] = (os.waitstatus_to_exitcode(status),
                        (ws.parent / f"{ws.name}.out").read_text(errors="replace"))

@@ -9,7 +9,7 @@ import time
 
 from session_store import RunOver, outbox
 
-from .emit import run_id
+from .emit import hidden_run, run_id
 
 ENGINE_CHECK_SECONDS = 5.0   # how often a wait makes sure an engine is there to reply
 
@@ -34,10 +34,11 @@ def request(work_dir: str, kind: str, fields: dict, *, waiting: Waiting | None =
     gives no reply within `patience` seconds; KeyboardInterrupt when `waiting` is
     cancelled."""
     rid = outbox.new_request_id()
+    run = run_id() or hidden_run()
     waiting = waiting or Waiting()
     watch = _watch(os.path.join(work_dir, outbox.INBOX), waiting.woken)
     try:
-        why = outbox.post(work_dir, {"kind": kind, "id": rid, "run": run_id(), **fields})
+        why = outbox.post(work_dir, {"kind": kind, "id": rid, "run": run, **fields})
         if why:
             raise RunOver(f"{kind} refused: {why}")
         give_up = None if patience is None else time.monotonic() + patience
@@ -59,17 +60,17 @@ def request(work_dir: str, kind: str, fields: dict, *, waiting: Waiting | None =
             waiting.woken.clear()
     except KeyboardInterrupt:
         if kind == "ask":   # the asker stopped waiting (its call was cancelled, its run
-            _forget(work_dir, rid)   # is being stopped): the question stays answerable
+            _forget(work_dir, rid, run)   # is being stopped): the question stays answerable
         raise
     finally:
         if watch is not None:
             watch.stop()
 
 
-def _forget(work_dir: str, request_id: str) -> None:
+def _forget(work_dir: str, request_id: str, run: str | None) -> None:
     """Its answer goes to the next run of this unit of work."""
     try:
-        outbox.post(work_dir, {"kind": "ask.gone", "id": request_id, "run": run_id()})
+        outbox.post(work_dir, {"kind": "ask.gone", "id": request_id, "run": run})
     except OSError:
         pass
 

@@ -95,14 +95,37 @@ def publish(work_dir: str, topic: str, payload, run: str | None = None) -> str:
     run of this environment's RALPH_RUN_ID; returns the request's id. RunOver when the
     engine will not take it as the run's (the run is over, no engine runs): the line is
     written all the same, and the engine records it as refused. `run`: the run, where it
-    is not this process's environment's (an in-process agent's)."""
+    is not this process's environment's (an in-process agent's). Outside every run (a
+    human at a terminal) the event goes to the bus itself, as the CLI's."""
     from session_store import RunOver, outbox
+    run = run or run_id() or hidden_run()
+    if run is None:
+        return _publish_as_human(work_dir, topic, payload)
     rid = outbox.new_request_id()
     why = outbox.post(work_dir, {"kind": "event", "id": rid, "topic": topic,
-                                 "payload": payload, "run": run or run_id()})
+                                 "payload": payload, "run": run})
     if why:
         raise RunOver(f"{topic} refused: {why}")
     return rid
+
+
+def _publish_as_human(work_dir: str, topic: str, payload) -> str:
+    """A human's event: written by this process to the bus in the control plane, which
+    agents do not reach, because the outbox, which they write, can vouch for no human.
+    Taken only while an engine runs the session, as an agent's."""
+    from session_store import RunOver, load_work_area, outbox
+    if not outbox.engine_alive(work_dir):
+        raise RunOver(f"{topic} refused: no engine runs this session (it stopped or died)")
+    return str(load_work_area(work_dir).append_event(topic, payload, source="cli")["seq"])
+
+
+def hidden_run() -> str | None:
+    """The run this process is part of though its environment no longer says so (a
+    cleared environment, setsid, a double fork), else None. Only read where no
+    RALPH_RUN_ID is set: never on an agent's usual path."""
+    from ..containment import agent_run_of
+    found = agent_run_of()
+    return None if found is None else (found.run_id or "unknown")
 
 
 def run_id() -> str | None:
@@ -256,8 +279,11 @@ def report_refusal(work_dir: str, command: str, why: str, run: str | None = None
     """What an agent tried and was refused is recorded (by the engine, as the run's): a
     line in the outbox, best effort. `run`: where the environment no longer says it."""
     from session_store import BadInput, DiskFault, outbox
+    run = run or run_id() or hidden_run()
+    if run is None:   # a human at a terminal: told on stderr, nothing to record
+        return
     try:
         outbox.post(work_dir, {"kind": "refusal", "id": outbox.new_request_id(),
-                               "run": run or run_id(), "command": command, "why": why})
+                               "run": run, "command": command, "why": why})
     except (BadInput, DiskFault, OSError):
         pass
