@@ -3,10 +3,15 @@
 ralph.yml, `ralph emit` argv and payloads, the event schemas, answers and question ids,
 session ids and signal targets (through the store and the CLI, in-process), Telegram
 updates (through the bot's own update handler, with a stand-in Bot object), the event
-bus's file contents, and knowledge promotion records. Pure functions run in-process;
-two real sessions check what an agent can plant: garbage events on the topics the engine
-reads, and symlinks in the session directory (signals, questions, answers, knowledge,
-scratchpad, guidance, logs, the engine's own temp files).
+bus's file contents, knowledge promotion records, and raw lines in a session's outbox
+(what an agent can write there past its tools, read by a real engine). Pure functions run
+in-process; two real sessions check what an agent can plant: garbage events on the topics
+the engine reads, and symlinks in the session's work area (scratchpad, knowledge, logs)
+and, where someone could, in its control plane (signals, questions, guidance, the engine's
+own temp files).
+
+A session's control plane (Session.dir) is in the state directory, its work area
+(Session.work_dir) in the workspace: "nothing written anywhere" looks at both (`planes`).
 
 Every generated case is counted (`CASES`); the last test checks that the file ran at
 least 10,000 of them. tests/test_signals.py fuzzes signal files themselves: not again here.
@@ -43,10 +48,13 @@ from engine import config as cfg
 from engine import event_schemas
 from engine.safe_text import printable
 from engine.tools import emit
-from session_store import BadInput, append_event, check_id, create, load, questions, \
-    read_events, resolve_id, signals
+from session_store import BadInput, append_event, check_id, control_root, create, load, \
+    questions, read_events, resolve_id, signals
 from session_store._events import backwards
 from session_store._schema import NotPlain, dump_plain, load_plain, parse_yaml
+from support.disk import session_dir
+from support.engines import config as engine_config
+from support.engines import held_run
 from support.mcp import RawMcp
 
 HYPOTHESIS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -106,6 +114,21 @@ def tree(root: Path) -> dict[str, tuple]:
                 out[os.path.relpath(p, root)] = ("l", os.readlink(p))
             else:
                 out[os.path.relpath(p, root)] = ("d", None)
+    return out
+
+
+def state_of(ws: Path) -> Path:
+    """The workspace's folder in the state directory: its sessions' control planes (in
+    sessions/), the file naming the workspace, the Telegram bot's state."""
+    return Path(control_root(str(ws))).parent
+
+
+def planes(ws: Path) -> dict[str, tuple]:
+    """tree() of the workspace (keys under `ws/`) and of its folder in the state
+    directory (keys under `state/`): whatever a session of `ws` may write."""
+    out = {f"ws/{k}": v for k, v in tree(ws).items()}
+    if state_of(ws).exists():
+        out.update({f"state/{k}": v for k, v in tree(state_of(ws)).items()})
     return out
 
 
@@ -540,7 +563,7 @@ def _utf8(text: str) -> bool:
 @given(text=ANSWER_TEXTS)
 def test_answer_keeps_any_text_exactly_and_the_first_answer_wins(store, text):
     CASES["answer_text"] += 1
-    sdir = str(store / ".ralph-sessions/s1")
+    sdir = str(session_dir(store, "s1"))
     qid = f"qa{next(_answer_no)}"
     _ask(sdir, qid)
     if not _utf8(text):   # half a surrogate pair: from argv bytes, or a JSON "\ud800"
@@ -566,14 +589,14 @@ def test_answer_keeps_any_text_exactly_and_the_first_answer_wins(store, text):
 @given(qid=IDS)
 def test_bad_question_ids_are_refused_and_write_nothing_anywhere(store, qid):
     CASES["question_ids"] += 1
-    sdir = store / ".ralph-sessions/s1"
+    sdir = session_dir(store, "s1")
     valid = bool(ID_RE.fullmatch(qid))
     if valid:
         assert check_id(qid, "question id") == qid
     else:
         with pytest.raises(BadInput):
             check_id(qid, "question id")
-    before = tree(store)
+    before = planes(store)
     try:
         questions.answer(str(sdir), qid, "an answer", now=now())
     except BadInput:
@@ -586,7 +609,7 @@ def test_bad_question_ids_are_refused_and_write_nothing_anywhere(store, qid):
             fn(str(sdir), qid)
         except BadInput:
             pass
-    assert tree(store) == before
+    assert planes(store) == before
 
 
 def test_a_question_file_naming_another_id_is_refused(tmp_path):
@@ -663,28 +686,42 @@ def test_targets_are_canonical_or_refused(target, kind):
 @settings(**budget("session_ids", 300))
 @given(sid=IDS)
 def test_session_ids_never_leave_the_sessions_dir(tmp_path_factory, sid):
+    """Neither the control plane (in the state directory) nor the work area (in the
+    workspace) of a session is anywhere but in its own sessions directory, named by its
+    id; nothing is made for an id that is refused but those directories."""
     CASES["session_ids"] += 1
     base = tmp_path_factory.getbasetemp() / "sids"
     ws = base / "ws"
     ws.mkdir(parents=True, exist_ok=True)
-    before = tree(base)
-    root = ws / ".ralph-sessions"
+    state = state_of(ws)
+    before, before_state = tree(base), (tree(state) if state.exists() else {})
+    root, work = Path(control_root(str(ws))), ws / ".ralph-sessions"
+    made = {"ws/.ralph-sessions"}   # the sessions' directories, in both places
+
+    def new_in_state() -> set[str]:
+        return {k for k in tree(state) if k not in before_state} if state.exists() else set()
     try:
         session = create(str(ws), "o", now=now(), session_id=sid)   # "": a generated id
     except BadInput:
         assert not ID_RE.fullmatch(sid) or (root / sid).exists()
-        after = tree(base)
-        assert {k for k in after if k not in before} <= {"ws/.ralph-sessions"}
+        assert {k for k in tree(base) if k not in before} <= made
+        assert new_in_state() <= {"sessions", "workspace"}
     else:
         assert ID_RE.fullmatch(sid) or sid == ""
         sid = sid or session.id
         assert Path(session.dir).parent == root and Path(session.dir).name == sid
         assert os.path.realpath(session.dir) == os.path.join(os.path.realpath(root), sid)
+        assert Path(session.work_dir).parent == work and Path(session.work_dir).name == sid
+        assert os.path.realpath(session.work_dir) == os.path.join(os.path.realpath(work), sid)
         assert load(str(ws), sid).id == sid
         assert not [k for k in tree(base) if k not in before and not
-                    k.startswith(f"ws/.ralph-sessions/{sid}") and k != "ws/.ralph-sessions"]
+                    k.startswith(f"ws/.ralph-sessions/{sid}/") and k not in made
+                    and k != f"ws/.ralph-sessions/{sid}"]
+        assert not [k for k in new_in_state() if k not in ("sessions", "workspace")
+                    and not k.startswith(f"sessions/{sid}/") and k != f"sessions/{sid}"]
         import shutil
         shutil.rmtree(session.dir)
+        shutil.rmtree(session.work_dir)
     for fn in (lambda: load(str(ws), sid), lambda: resolve_id(str(ws), sid)):
         try:
             fn()
@@ -704,7 +741,7 @@ def test_cli_refuses_bad_ids_and_targets_with_exit_2(store, value, which):
             ["signal", "steer", "m", "--session=s1", f"--target={value}"],
             ["tools", "interact", "progress", "note", f"--session={value}"]][which]
     argv = argv[:2] + ["--workspace", ws] + argv[2:]
-    before = tree(store)
+    before = planes(store)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -713,15 +750,17 @@ def test_cli_refuses_bad_ids_and_targets_with_exit_2(store, value, which):
             code = e.code
     assert code in (0, 2), (argv, code, err.getvalue())
     assert "Traceback" not in err.getvalue() and "internal error" not in err.getvalue()
-    changed = {k for k, v in tree(store).items() if before.get(k) != v}
-    changed |= {k for k in before if k not in tree(store)}
-    allowed = (".ralph-sessions/s1/signals/inputs/", ".ralph-sessions/s1/answers/q1.yaml",
-               ".ralph-sessions/s1/events.jsonl")
+    after = planes(store)
+    changed = {k for k, v in after.items() if before.get(k) != v}
+    changed |= {k for k in before if k not in after}
+    allowed = ("state/sessions/s1/signals/inputs/", "state/sessions/s1/answers/q1.yaml",
+               "state/sessions/s1/events.jsonl")   # the control plane's, nothing else
     assert all(k.startswith(allowed) for k in changed), changed
+    sdir = session_dir(store, "s1")
     if code == 0 and which in (1, 2):
-        Path(store, ".ralph-sessions/s1/answers/q1.yaml").unlink()
-    for name in os.listdir(store / ".ralph-sessions/s1/signals/inputs"):
-        os.unlink(store / ".ralph-sessions/s1/signals/inputs" / name)
+        (sdir / "answers/q1.yaml").unlink()
+    for name in os.listdir(sdir / "signals/inputs"):
+        os.unlink(sdir / "signals/inputs" / name)
 
 
 NUMBER_TEXTS = st.one_of(
@@ -760,15 +799,22 @@ def test_cli_number_flags_take_only_finite_positive_numbers(flag, text):
 
 # --- `ralph mcp`: generated tool calls and raw lines, to one real server ---
 
+def _of_run(env: dict) -> dict:
+    """The RALPH_* variables of a run's environment (what its agent's tools are given)."""
+    return {k: v for k, v in env.items() if k.startswith("RALPH_")}
+
+
 @pytest.fixture(scope="module")
 def mcp_server(tmp_path_factory):
-    """A real `ralph mcp` on a session of its own, for the whole module."""
+    """A real `ralph mcp` on a session of its own, for the whole module, as the executor's
+    run a real engine holds open: what its tools send reaches that engine."""
     ws = tmp_path_factory.mktemp("mcpfuzz")
-    create(str(ws), "fuzz the MCP server", now=now(), session_id="m1")
-    server = RawMcp(ws, "m1", RALPH_ROLE="executor")
-    yield server
-    code, stderr = server.close()
-    assert code == 0 and "Traceback" not in stderr, stderr
+    session = create(str(ws), "fuzz the MCP server", now=now(), session_id="m1")
+    with held_run(session, "executor") as env:
+        server = RawMcp(ws, "m1", **_of_run(env))
+        yield server
+        code, stderr = server.close()
+        assert code == 0 and "Traceback" not in stderr, stderr
 
 
 _mcp_no = iter(range(10 ** 9))
@@ -954,10 +1000,10 @@ def telegram_ws(tmp_path_factory):
     async def never_sleep(_seconds):
         return True   # a failed send is not retried here: the bot is "stopping"
 
-    state = BotState(str(ws / ".ralph-sessions/.telegram/state.yaml"), str(ws), log)
+    bot_dir = Path(control_root(str(ws))) / ".telegram"   # where the bot keeps its state
+    state = BotState(str(bot_dir / "state.yaml"), str(ws), log)
     state.remember(ALLOWED, 5001, "s1", "q1")
-    commands = Commands(str(ws), log, primary="s1",
-                        state_dir=str(ws / ".ralph-sessions/.telegram"))
+    commands = Commands(str(ws), log, primary="s1", state_dir=str(bot_dir))
     commands.resume = lambda sid, rest: f"(resume of {sid} not started in this test)"
     inbox = Inbox(str(ws), [ALLOWED], Transport(TOKEN, "http://127.0.0.1:9", log, never_sleep,
                                                 bot=bot), state, commands, log, never_sleep)
@@ -980,8 +1026,8 @@ def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
     ws, outside, inbox, bot, logs, loop = telegram_ws
     data, junk = drawn
     junk = junk or not _utf8(json.dumps(data, ensure_ascii=False, default=str))
-    sdir = ws / ".ralph-sessions/s1"
-    before, before_outside = tree(ws), tree(outside)
+    sdir = session_dir(ws, "s1")
+    before, before_outside = planes(ws), tree(outside)
     bot.sent.clear()
     try:
         update = Update.de_json(json.loads(json.dumps(data, default=str)), None)
@@ -1003,14 +1049,14 @@ def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
             assert junk, data
         chat = getattr(message, "chat_id", None) if message is not None else None
         if chat != ALLOWED:
-            assert tree(ws) == before, "a chat outside allowed_chat_ids changed the store"
+            assert planes(ws) == before, "a chat outside allowed_chat_ids changed the store"
             assert bot.sent == []
         else:
             assert {c for c, _t in bot.sent} <= {ALLOWED}
     assert tree(outside) == before_outside
-    for path, (kind, _content) in tree(ws).items():
-        assert not path.startswith(".ralph-sessions/s1/answers/") or \
-            path == ".ralph-sessions/s1/answers/q1.yaml", path
+    for path, (kind, _content) in planes(ws).items():
+        assert not path.startswith("state/sessions/s1/answers/") or \
+            path == "state/sessions/s1/answers/q1.yaml", path
         assert kind != "l", path
     assert not any(TOKEN.split(":")[1] in line for line in logs)
     for t in bot.sent:
@@ -1019,6 +1065,203 @@ def test_telegram_updates_never_escape_the_handler(telegram_ws, drawn):
     for sub in ("answers", "signals/inputs"):
         for name in os.listdir(sdir / sub):
             os.unlink(sdir / sub / name)
+
+
+# --- the outbox: raw lines an agent can write there, read by a real engine ---
+
+OUTBOX_CAP = 1024   # the held engine's event_loop.max_event_bytes (the smallest it takes)
+OPEN_RUN = "@RUN@"   # the run the engine holds open, put in at the test
+OUTBOX_TOPICS = (st.sampled_from(["fuzz.note", "fuzz.other.x", "session.transition",
+                                  "human.response", "human.timeout", "task.resume",
+                                  "emit.refused", "gate.note", "cli.refused",
+                                  "knowledge.promoted", "engine.crash", "signal.x"])
+                 | st.text(max_size=12) | JSONISH)
+# no half characters (lone surrogates): they crash the engine today, see
+# test_half_a_character_in_the_outbox_never_crashes_the_engine
+OUTBOX_PAYLOADS = (JSONISH | st.integers(OUTBOX_CAP - 20, OUTBOX_CAP + 5000).map(
+    lambda n: "x" * n) | st.sampled_from(["\x00\x1b[2J", "\u2028line\u2029", "\ufffd"]))
+OUTBOX_REQUESTS = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["event", "event", "refusal", "poll", "ask", "ask.gone", "nope",
+                              ""]) | JSONISH},
+    optional={"run": st.sampled_from([OPEN_RUN, OPEN_RUN, OPEN_RUN, "0000-other",
+                                      "0001-planner", "x" * 129]) | JSONISH,
+              "id": st.sampled_from(["r1", "../x", "r" * 65]) | JSONISH,
+              "topic": OUTBOX_TOPICS, "payload": OUTBOX_PAYLOADS,
+              "role": st.sampled_from(["executor", "reviewer", "EXECUTOR"]) | JSONISH,
+              "command": JSONISH, "why": JSONISH, "source": st.sampled_from(["engine", "human"])}
+).map(lambda r: {**r, "run": "0000-other"} if r["kind"] == "ask" and r.get("run") == OPEN_RUN
+      else r)   # the run's own questions would wait for a human: not drawn
+
+
+def _outbox_line(request: dict, ascii_only: bool) -> bytes:
+    return json.dumps(request, ensure_ascii=ascii_only).encode()   # NaN as Python writes it
+
+
+OUTBOX_LINES = st.one_of(
+    st.tuples(OUTBOX_REQUESTS, st.booleans()).map(lambda t: _outbox_line(*t)),
+    st.binary(max_size=60),
+    JSONISH.map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n),
+    st.sampled_from([b"", b"   ", b"\r", b"\xef\xbb\xbf{}", b'{"kind": "event"', b"x" * 6000,
+                     b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": "'
+                     + b"y" * 6000 + b'"}',
+                     b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": NaN}',
+                     b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": 1e999}',
+                     b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": 1'
+                     + b"0" * 4400 + b"}",
+                     b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "kind": "refusal"}'])
+).map(lambda line: line.replace(b"\n", b" "))
+
+
+def _no_constant(name):
+    raise ValueError(name)
+
+
+def _taken_as(raw: bytes, run: str):
+    """What the engine records of one outbox line while `run` (the executor's) is open:
+    ("event", topic, payload, source), ("cli.refused", source), ("emit.refused", run,
+    source), or None (a poll or a giving-up it answers with no record). The outbox's and
+    the inlet's rules (session_store/_outbox.py, engine/inlet.py), written out again."""
+    def refused(claimed=None):
+        return ("emit.refused", claimed if isinstance(claimed, str) else None,
+                "executor" if claimed == run else "cli" if claimed is None else "unknown")
+    if len(raw) > OUTBOX_CAP + 4096 or not raw.strip():
+        return refused()
+    try:
+        request = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return refused()
+    if not isinstance(request, dict) or request.get("kind") not in \
+            ("event", "ask", "ask.gone", "poll", "refusal"):
+        return refused()
+    if any(request.get(k) is not None and (not isinstance(request[k], str)
+                                           or len(request[k]) > 128) for k in ("id", "run")):
+        return refused()
+    kind, claimed = request["kind"], request.get("run")
+    if kind == "ask.gone" and claimed != run:
+        return None
+    if claimed is not None and claimed != run:
+        return refused(claimed)
+    source = "executor" if claimed is not None else "cli"
+    if kind == "event":
+        try:
+            emit.check(request.get("topic"), request.get("payload"), "payload", OUTBOX_CAP)
+        except emit.EmitError:
+            return refused(claimed)
+        return ("event", request["topic"], request.get("payload"), source)
+    if kind == "refusal":
+        return ("cli.refused", source)
+    if claimed is None:
+        return refused()
+    if kind == "poll" and request.get("role") not in (None, "executor"):
+        return refused(claimed)
+    return None   # a poll answered in the inbox, a giving-up (asks of the run: not drawn)
+
+
+def _record_as(record: dict):
+    if record["topic"] == "emit.refused":
+        return ("emit.refused", record.get("run"), record["source"])
+    if record["topic"] == "cli.refused":
+        return ("cli.refused", record["source"])
+    return ("event", record["topic"], record["payload"], record["source"])
+
+
+@pytest.fixture(scope="module")
+def outbox_run(tmp_path_factory):
+    """The executor's run of a session, held open by a real engine (whose cap on one
+    request is OUTBOX_CAP), for the whole module; at the end the session goes on."""
+    ws = tmp_path_factory.mktemp("outboxfuzz")
+    session = create(str(ws), "fuzz the outbox", now=now(), session_id="o1")
+    with held_run(session, "executor",
+                  engine_config({"event_loop": {"max_event_bytes": OUTBOX_CAP}})) as env:
+        yield session, env, [read_events(session.dir)[1]]   # [the bus's offset read up to]
+
+
+_outbox_no = iter(range(10 ** 9))
+
+
+@settings(**budget("outbox_lines", 200))
+@given(lines=st.lists(OUTBOX_LINES, min_size=1, max_size=5), torn=st.booleans())
+def test_every_line_in_the_outbox_is_taken_or_refused_never_crashing_the_engine(
+        outbox_run, lines, torn):
+    """Whatever an agent writes straight into the outbox (garbage, not UTF-8, a torn
+    line, a line past the cap, NaN, deep nesting, another run's, a topic only the engine
+    or a human says, a claimed source, kinds and ids of any type): each line is recorded
+    once, as the open run's event (its source the engine's, from the run it opened), as a
+    CLI's, or refused (emit.refused); and the engine lives on to take the next line.
+    Half a character (a lone surrogate) is not drawn: see the test after this one."""
+    from session_store import outbox
+    CASES["outbox_lines"] += 1
+    session, env, offset = outbox_run
+    run = env["RALPH_RUN_ID"]
+    lines = [line.replace(OPEN_RUN.encode(), run.encode()) for line in lines]
+    # a torn last line is a line once the next appender ends it, unless it is empty
+    whole = lines[:-1] if torn and not lines[-1] else lines
+    wanted = [w for w in (_taken_as(line, run) for line in whole) if w is not None]
+    mark = next(_outbox_no)
+    with open(outbox.outbox_path(session.work_dir), "ab") as f:   # past the tools' checks
+        f.write(b"\n".join(lines) + (b"" if torn else b"\n"))
+    # a torn last line: ended by the next appender's newline (the outbox keeps it apart)
+    why = outbox.post(session.work_dir, {"kind": "event", "id": f"m{mark}", "run": run,
+                                         "topic": "fuzz.mark", "payload": mark})
+    assert why is None, why
+
+    def recorded():
+        records, _end = read_events(session.dir, offset[0])
+        return records if any(r["topic"] == "fuzz.mark" and r["payload"] == mark
+                              for r in records) else None
+    records = wait_for(recorded, timeout=30)   # the engine took them all, and lives
+    offset[0] = read_events(session.dir, offset[0])[1]
+    *taken, marked = records
+    assert (marked["topic"], marked["source"], marked["run"]) == ("fuzz.mark", "executor", run)
+    assert [_record_as(r) for r in taken] == wanted, (lines, taken)
+    for r in taken:
+        assert not (r["topic"] != "emit.refused" and r["topic"].startswith(
+            emit.RESERVED_PREFIXES)) or r["topic"] == "cli.refused", r
+        assert r["topic"] not in emit.RESERVED, r
+
+
+HALF_A_CHARACTER = {   # lines of the executor's open run (@RUN@), each with a lone surrogate
+    "taken": b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": "a\\ud800"}',
+    "refused": b'{"kind": "event", "run": "0000-other", "topic": "x.y", "payload": "\\udfff"}',
+    "bad topic": b'{"kind": "event", "run": "@RUN@", "topic": "x\\ud800"}',
+    "refusal": b'{"kind": "refusal", "run": "@RUN@", "command": "\\ud800", "why": "w"}',
+    "not UTF-8":
+        b'{"kind": "event", "run": "@RUN@", "topic": "fuzz.note", "payload": "\xed\xa0\x80"}',
+}
+
+
+@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
+    "product bug: the inlet records a request's text as it is, and the bus's append_event "
+    "encodes it as UTF-8: a lone surrogate (a JSON \\ud800 escape, or the bytes ED A0 80, "
+    "which json.loads of bytes decodes with surrogatepass) raises UnicodeEncodeError on the "
+    "engine's thread, ending the engine; the line, never recorded, is refused again on "
+    "resume, which fails the same way"))
+@pytest.mark.parametrize("case", sorted(HALF_A_CHARACTER))
+def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case):
+    """What the fuzzing of the outbox leaves out (OUTBOX_PAYLOADS): half a character in a
+    line is taken or refused as any other text (the bus keeps UTF-8: U+FFFD in its place,
+    as read_events does), and the engine reading it lives on."""
+    from engine.inlet import Inlet, RunInfo
+    from session_store import acquire_lock, outbox
+    session = create(str(tmp_path), "o", now=now(), session_id="h1")
+    lease = acquire_lock(session.dir, "h1")
+    inlet = Inlet(session, max_bytes=OUTBOX_CAP, on_ask=lambda *_: {"refused": "no desk"},
+                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []})
+    inlet.start()
+    try:
+        inlet.open_run(RunInfo("0002-executor-t1", "executor", "t1"))
+        before = read_events(session.dir)[1]
+        with open(outbox.outbox_path(session.work_dir), "ab") as f:
+            f.write(HALF_A_CHARACTER[case].replace(b"@RUN@", b"0002-executor-t1") + b"\n")
+        inlet.drain()   # on the engine's thread, as on every wakeup of a run
+        [record] = read_events(session.dir, before)[0]
+        assert record["topic"] in ("fuzz.note", "emit.refused", "cli.refused"), record
+        with open(Path(session.dir, "events.jsonl"), "rb") as bus:
+            bus.read().decode("utf-8")   # strict: the bus stays UTF-8
+    finally:
+        inlet.stop()
+        lease.release()
 
 
 # --- the event bus ---
@@ -1154,7 +1397,8 @@ PATHS = st.one_of(st.sampled_from(
 
 @pytest.fixture(scope="module")
 def promote_template(tmp_path_factory) -> Path:
-    """A workspace with session s1 and a directory outside it, copied for every case."""
+    """A workspace and a directory outside it, copied for every case (whose session s1 is
+    made in the copy: its control plane is keyed by the workspace's path)."""
     base = tmp_path_factory.mktemp("promote-template")
     ws, outside = base / "ws", base / "outside"
     ws.mkdir()
@@ -1162,7 +1406,6 @@ def promote_template(tmp_path_factory) -> Path:
     (outside / "secret.txt").write_text("SECRET-OUTSIDE\n")
     (outside / "dir").mkdir()
     (outside / "dir" / "inner.md").write_text("SECRET-INNER\n")
-    create(str(ws), "o", now=now(), session_id="s1")
     return base
 
 
@@ -1176,38 +1419,52 @@ def test_promotion_moves_only_staged_regular_files_into_the_docs(tmp_path_factor
     base = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())) / "case"
     shutil.copytree(promote_template, base, symlinks=True)
     ws, outside = base / "ws", base / "outside"
-    session = load(str(ws), "s1")
-    knowledge = Path(session.dir, "iterations/1/knowledge")
+    session = create(str(ws), "o", now=now(), session_id="s1")
+    knowledge = Path(session.work_dir, "iterations/1/knowledge")   # the librarian's
     (knowledge / "notes.md").write_text("# notes\n")
     (knowledge / "link.md").symlink_to(outside / "secret.txt")
     (knowledge / "dirlink").symlink_to(outside / "dir")
-    if forged:   # what a librarian could write where the engine keeps its record
+    if forged:   # a record forged where the engine keeps it (the control plane: out of the
+        # librarian's reach now, and still not trusted further)
         def at(path):   # absolute paths into this case's outside directory
             return path.replace("@OUT@", str(outside))
-        Path(knowledge, "promoted.yaml").write_text(yaml.safe_dump(
+        record = Path(session.dir, "iterations/1/knowledge/promoted.yaml")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(yaml.safe_dump(
             {"files": [{"staged": at(s), "promoted_to": at(p)} for s, p in entries]}))
+        # and the same one where the librarian writes (where the record was before)
+        Path(knowledge, "promoted.yaml").write_text(record.read_text())
     before_outside = tree(outside)
-    before_session = {k: v for k, v in tree(Path(session.dir)).items()
-                      if not k.startswith("iterations/1/")}
+
+    def session_trees() -> dict:
+        return {**{f"control/{k}": v for k, v in tree(Path(session.dir)).items()},
+                **{f"work/{k}": v for k, v in tree(Path(session.work_dir)).items()}}
+    before_session = {k: v for k, v in session_trees().items()
+                      if not k.startswith(("control/iterations/1/", "work/iterations/1/"))}
     try:
         session.iteration(1).knowledge.promote(str(ws / ".docs"), str(ws),
                                                record={"why": "fuzz"})
     except BadInput:
         assert forged
     assert tree(outside) == before_outside
+    after_session = session_trees()
     for k, v in before_session.items():
-        if k not in ("metadata.yaml", "events.jsonl"):
-            assert tree(Path(session.dir)).get(k) == v, k
+        if k not in ("control/metadata.yaml", "control/events.jsonl"):
+            assert after_session.get(k) == v, k
     docs = tree(ws / ".docs") if (ws / ".docs").exists() else {}
     assert all(kind != "l" for kind, _ in docs.values()), docs
     assert not any(b"SECRET" in (content or b"") for _, content in docs.values())
     landed = {k for k, (kind, _) in tree(ws).items() if kind == "f"
               and not k.startswith(".ralph-sessions/") and not k.startswith(".docs/")}
     assert not landed, landed
+    landed = {k for k, (kind, _) in tree(state_of(ws)).items() if kind == "f"
+              and not k.startswith("sessions/s1/") and k != "workspace"}
+    assert not landed, landed
     if not forged:
         assert set(docs) == {"notes.md"}
         assert (knowledge / "link.md").is_symlink()   # ignored: left where it was
     shutil.rmtree(base.parent)
+    shutil.rmtree(state_of(ws))
 
 
 # --- agents: garbage on the topics the engine reads ---
@@ -1231,8 +1488,9 @@ ENGINE_TOPICS = ["confidence", "blocker", "cost", "plan.ready", "build.done", "b
 
 
 def test_a_session_survives_generated_payloads_on_the_topics_it_reads(workspace):
-    """The demo agent appends to the bus directly, as any agent can (no `ralph emit`
-    validation on that path): the engine must judge whatever it finds."""
+    """The demo agent posts to the outbox without `ralph emit`'s checks, as any agent can
+    write there: the engine's inlet refuses what it may not take (reserved topics, as
+    emit.refused of the run), and the engine must judge whatever it takes."""
     payloads = _drawn(PAYLOADS | JUNK.filter(_finite) | st.fixed_dictionaries(
         {"usd": NUMBERS.filter(lambda v: not isinstance(v, float) or math.isfinite(v))
          | st.text(max_size=5)}) | st.fixed_dictionaries({"tasks": JUNK.filter(_finite)}),
@@ -1266,12 +1524,19 @@ def test_a_session_survives_generated_payloads_on_the_topics_it_reads(workspace)
         code = proc.returncode
     assert code in (0, 3, 4, 5), (code, out[-2000:], err[-3000:])
     assert "Traceback" not in err and "internal error" not in err, err[-3000:]
-    sd = workspace / ".ralph-sessions/g"
+    sd = session_dir(workspace, "g")
     assert metadata(sd)["session_id"] == "g"
     records, _ = read_events(str(sd))   # (conftest's events() splits lines at U+2028 too)
     assert [e["seq"] for e in records] == list(range(1, len(records) + 1))
     emitted_payloads = [r["payload"] for r in records if r.get("source") in ("planner", "executor")]
     assert len(emitted_payloads) >= len(payloads) // 2
+    # what only the engine says is the engine's alone: a run's attempt is refused, recorded
+    # under the run's role
+    for r in records:
+        if r["topic"] in ("session.transition", "gate.note", "task.resume"):
+            assert r["source"] == "engine", r
+    refused = {r["payload"]["topic"] for r in records if r["topic"] == "emit.refused"}
+    assert {"session.transition", "gate.note", "task.resume"} <= refused, refused
 
 
 # --- planted symlinks: nothing outside is read in or written through ---
@@ -1296,7 +1561,7 @@ def _outside(tmp_path: Path) -> Path:
 
 def _assert_nothing_leaked(ws: Path, outside: Path, before: dict, *outputs: str) -> None:
     assert tree(outside) == before, "a file outside the workspace changed"
-    for path, (kind, content) in tree(ws).items():
+    for path, (kind, content) in planes(ws).items():
         if kind == "f":
             assert b"SECRET" not in content, path
     docs = ws / ".docs"
@@ -1321,22 +1586,26 @@ def test_symlinks_planted_in_a_running_session_are_refused_or_ignored(workspace,
                              "fallback": {"enabled": False}})
     proc = spawn(workspace, "session", "start", "symlink objective", "--id", "s",
                  env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    sd = workspace / ".ralph-sessions/s"
-    wait_for(lambda: list(sd.glob("iterations/1/logs/*-planner.stdout")), timeout=30)
-    # while the planner sleeps: links where the engine reads and writes next
-    (sd / "signals/inputs/signal.000000-000000-000-link.yaml").symlink_to(outside / "signal.yaml")
-    (sd / "scratchpad.md").unlink()
-    (sd / "scratchpad.md").symlink_to(outside / "secret.txt")
-    (sd / "guidance.yaml").symlink_to(outside / "guidance.json")
-    (sd / "iterations/1/knowledge/leak.md").symlink_to(outside / "secret.txt")
-    (sd / "iterations/1/knowledge/dirlink").symlink_to(outside / "dir")
+    sd = session_dir(workspace, "s")   # the control plane (in the state directory)
+    wd = workspace / ".ralph-sessions/s"   # the work area (in the workspace): the agents'
+    wait_for(lambda: list(wd.glob("iterations/1/logs/*-planner.stdout")), timeout=30)
+    # while the planner sleeps: links where the engine reads and writes next; in the work
+    # area, what an agent can plant
+    (wd / "scratchpad.md").unlink()
+    (wd / "scratchpad.md").symlink_to(outside / "secret.txt")
+    (wd / "iterations/1/knowledge/leak.md").symlink_to(outside / "secret.txt")
+    (wd / "iterations/1/knowledge/dirlink").symlink_to(outside / "dir")
     for n in range(2, 8):   # the next agents' log files, by their predictable names
         for role in ("executor-t1", "reviewer-t1", "librarian"):
-            (sd / f"iterations/1/logs/{n:04d}-{role}.stdout").symlink_to(
+            (wd / f"iterations/1/logs/{n:04d}-{role}.stdout").symlink_to(
                 outside / "log-victim.txt")
-    for name in ("metadata.yaml", "scratchpad.md", "guidance.yaml", "iterations/1/metadata.yaml",
-                 "iterations/1/progress.md"):   # the engine's temp files: it has this pid
-        where = sd / name
+    # in the control plane, out of agents' reach: what another writer there could plant
+    (sd / "signals/inputs/signal.000000-000000-000-link.yaml").symlink_to(outside / "signal.yaml")
+    (sd / "guidance.yaml").symlink_to(outside / "guidance.json")
+    for where in (sd / "metadata.yaml", wd / "scratchpad.md", sd / "guidance.yaml",
+                  sd / "iterations/1/metadata.yaml", sd / "iterations/1/progress.md"):
+        # the engine's temp files as they were named (by its pid; now its thread and a
+        # serial too, and never opened through a link)
         (where.parent / f".{where.name}.{proc.pid}.tmp").symlink_to(outside / "victim.txt")
     signals.drop(str(sd), "INFO", "real guidance", now=now())   # makes it read both
     (sd / "questions/qplanted.yaml").symlink_to(outside / "secret.txt")
@@ -1346,13 +1615,13 @@ def test_symlinks_planted_in_a_running_session_are_refused_or_ignored(workspace,
     rejected = list((sd / "signals/rejected").iterdir())
     assert [p.name for p in rejected] == ["signal.000000-000000-000-link.yaml"]
     assert len(list((sd / "signals/processed").iterdir())) == 1
-    assert "real guidance" in (sd / "scratchpad.md").read_text()
-    prompts = "".join(p.read_text() for p in sd.glob("iterations/1/logs/*.prompt.md"))
+    assert "real guidance" in (wd / "scratchpad.md").read_text()
+    prompts = "".join(p.read_text() for p in wd.glob("iterations/1/logs/*.prompt.md"))
     assert "real guidance" in prompts
     assert "symlink" in yaml.safe_load(rejected[0].read_text())["rejection"]["reason"]
     assert (workspace / ".docs/notes.md").read_text() == "# notes\n"
     assert sorted(p.name for p in (workspace / ".docs").iterdir()) == ["notes.md"]
-    assert not (sd / "scratchpad.md").is_symlink()
+    assert not (wd / "scratchpad.md").is_symlink()
 
 
 # --- the count ---
