@@ -1076,10 +1076,9 @@ OUTBOX_TOPICS = (st.sampled_from(["fuzz.note", "fuzz.other.x", "session.transiti
                                   "emit.refused", "gate.note", "cli.refused",
                                   "knowledge.promoted", "engine.crash", "signal.x"])
                  | st.text(max_size=12) | JSONISH)
-# no half characters (lone surrogates): they crash the engine today, see
-# test_half_a_character_in_the_outbox_never_crashes_the_engine
 OUTBOX_PAYLOADS = (JSONISH | st.integers(OUTBOX_CAP - 20, OUTBOX_CAP + 5000).map(
-    lambda n: "x" * n) | st.sampled_from(["\x00\x1b[2J", "\u2028line\u2029", "\ufffd"]))
+    lambda n: "x" * n) | st.sampled_from(["\x00\x1b[2J", "\u2028line\u2029", "\ufffd",
+                                          "a\ud800", "\udfff"]))   # the last two: half a character
 OUTBOX_REQUESTS = st.fixed_dictionaries(
     {"kind": st.sampled_from(["event", "event", "refusal", "poll", "ask", "ask.gone", "nope",
                               ""]) | JSONISH},
@@ -1094,7 +1093,8 @@ OUTBOX_REQUESTS = st.fixed_dictionaries(
 
 
 def _outbox_line(request: dict, ascii_only: bool) -> bytes:
-    return json.dumps(request, ensure_ascii=ascii_only).encode()   # NaN as Python writes it
+    # NaN as Python writes it; half a character as "\\ud800" or as the bytes ED A0 80
+    return json.dumps(request, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
 OUTBOX_LINES = st.one_of(
@@ -1124,12 +1124,13 @@ def _taken_as(raw: bytes, run: str):
     the inlet's rules (session_store/_outbox.py, engine/inlet.py), written out again."""
     def refused(claimed=None):
         return ("emit.refused", claimed if isinstance(claimed, str) else None,
-                "executor" if claimed == run else "cli" if claimed is None else "unknown")
+                "executor" if claimed == run else "unknown")
     if len(raw) > OUTBOX_CAP + 4096 or not raw.strip():
         return refused()
     try:
-        request = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
+        request = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        json.dumps(request, ensure_ascii=False).encode("utf-8")   # no half a character
+    except (ValueError, RecursionError):   # UnicodeError included
         return refused()
     if not isinstance(request, dict) or request.get("kind") not in \
             ("event", "ask", "ask.gone", "poll", "refusal"):
@@ -1142,7 +1143,9 @@ def _taken_as(raw: bytes, run: str):
         return None
     if claimed is not None and claimed != run:
         return refused(claimed)
-    source = "executor" if claimed is not None else "cli"
+    if claimed is None and kind != "refusal":   # the outbox vouches for no human
+        return refused()
+    source = "executor" if claimed is not None else "unknown"
     if kind == "event":
         try:
             emit.check(request.get("topic"), request.get("payload"), "payload", OUTBOX_CAP)
@@ -1151,8 +1154,6 @@ def _taken_as(raw: bytes, run: str):
         return ("event", request["topic"], request.get("payload"), source)
     if kind == "refusal":
         return ("cli.refused", source)
-    if claimed is None:
-        return refused()
     if kind == "poll" and request.get("role") not in (None, "executor"):
         return refused(claimed)
     return None   # a poll answered in the inbox, a giving-up (asks of the run: not drawn)
@@ -1187,9 +1188,10 @@ def test_every_line_in_the_outbox_is_taken_or_refused_never_crashing_the_engine(
     """Whatever an agent writes straight into the outbox (garbage, not UTF-8, a torn
     line, a line past the cap, NaN, deep nesting, another run's, a topic only the engine
     or a human says, a claimed source, kinds and ids of any type): each line is recorded
-    once, as the open run's event (its source the engine's, from the run it opened), as a
-    CLI's, or refused (emit.refused); and the engine lives on to take the next line.
-    Half a character (a lone surrogate) is not drawn: see the test after this one."""
+    once, as the open run's event (its source the engine's, from the run it opened), as
+    the run's refused verb (cli.refused), or refused (emit.refused: half a character and
+    a line naming no run among them, as nothing there is a human's); and the engine lives
+    on to take the next line."""
     from session_store import outbox
     CASES["outbox_lines"] += 1
     session, env, offset = outbox_run
@@ -1231,17 +1233,12 @@ HALF_A_CHARACTER = {   # lines of the executor's open run (@RUN@), each with a l
 }
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "product bug: the inlet records a request's text as it is, and the bus's append_event "
-    "encodes it as UTF-8: a lone surrogate (a JSON \\ud800 escape, or the bytes ED A0 80, "
-    "which json.loads of bytes decodes with surrogatepass) raises UnicodeEncodeError on the "
-    "engine's thread, ending the engine; the line, never recorded, is refused again on "
-    "resume, which fails the same way"))
 @pytest.mark.parametrize("case", sorted(HALF_A_CHARACTER))
 def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case):
-    """What the fuzzing of the outbox leaves out (OUTBOX_PAYLOADS): half a character in a
-    line is taken or refused as any other text (the bus keeps UTF-8: U+FFFD in its place,
-    as read_events does), and the engine reading it lives on."""
+    """Half a character (a JSON "\\ud800" escape, or the bytes ED A0 80) in a line, whatever
+    else the line says, is refused as a line that is no request (no record could hold it
+    as UTF-8; it once ended the engine, and on resume again), and the engine reading it
+    lives on; the bus stays UTF-8."""
     from engine.inlet import Inlet, RunInfo
     from session_store import acquire_lock, outbox
     session = create(str(tmp_path), "o", now=now(), session_id="h1")
@@ -1256,7 +1253,15 @@ def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case)
             f.write(HALF_A_CHARACTER[case].replace(b"@RUN@", b"0002-executor-t1") + b"\n")
         inlet.drain()   # on the engine's thread, as on every wakeup of a run
         [record] = read_events(session.dir, before)[0]
-        assert record["topic"] in ("fuzz.note", "emit.refused", "cli.refused"), record
+        assert (record["topic"], record["source"]) == ("emit.refused", "unknown"), record
+        assert record["payload"]["why"] in ("not UTF-8 text",
+                                            "half a character (a lone surrogate escape)")
+        inlet.drain()   # and lives on: the next line is the run's
+        with open(outbox.outbox_path(session.work_dir), "ab") as f:
+            f.write(b'{"kind": "event", "run": "0002-executor-t1", "topic": "fuzz.next"}\n')
+        inlet.drain()
+        assert [(r["topic"], r["source"]) for r in read_events(session.dir, before)[0]] == \
+            [("emit.refused", "unknown"), ("fuzz.next", "executor")]
         with open(Path(session.dir, "events.jsonl"), "rb") as bus:
             bus.read().decode("utf-8")   # strict: the bus stays UTF-8
     finally:
