@@ -5,12 +5,19 @@ agent (`agent.py`, written into the workspace): it saves the prompt it gets on s
 `prompts/NNN-it<I>-<role>-<task>-a<attempt>.md`, then plays the demo scenario's step for
 it. A step may also carry keys the demo agent itself ignores:
 
-    signals: [{type, message, target, iteration}]   dropped with `ralph signal` first
+    signals: [{type, message, target, iteration}]   dropped by the humans first
     poll: true           runs `ralph tools signals poll --json`, saved to polled-NNN.json
     snapshot_inputs: true  saves the names in signals/inputs/ to inputs-NNN.txt
     wait_for: FILE       waits (at most 60 s) until FILE exists in the workspace
 
 so a signal can be sent at an exact point of a session, without timing guesses.
+
+The mailbox is in the session's control plane (in the state directory), which agents
+may read ($RALPH_CONTROL_DIR) but not write, and `ralph signal` is a human's verb, refused
+inside an agent run. So a step's `signals` are asked of the humans: the agent writes a
+request, `.drops/NNN.json` in the workspace, and waits until `.drops/NNN.done` says they
+are in the mailbox; the humans (`humans(ws)`, a thread of the test, outside every run)
+drop each with the real `ralph signal`, in order. `start` and `resume` run with them.
 """
 from __future__ import annotations
 
@@ -23,8 +30,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,8 +42,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
-                     progress_markers, ralph, signal_files, spawn, transitions, write_config,
-                     write_scenario)
+                     progress_markers, ralph, session_dir, signal_files, spawn, transitions,
+                     work_dir, write_config, write_scenario)
 from session_store import BadInput, signals
 
 
@@ -61,20 +70,25 @@ AGENT = textwrap.dedent('''
         if step is None:
             return 0
         ralph = [sys.executable, "-m", "engine"]
-        for sig in step.get("signals") or []:
-            argv = ralph + ["signal", sig["type"], sig.get("message", "")]
-            if "target" in sig:
-                argv += ["--target", sig["target"]]
-            if "iteration" in sig:
-                argv += ["--iteration", str(sig["iteration"])]
-            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        if step.get("signals"):  # the humans drop them (outside this run), then it goes on
+            drops = os.path.join(ws, ".drops")
+            os.makedirs(drops, exist_ok=True)
+            request = os.path.join(drops, "%03d" % n)
+            with open(request + ".tmp", "w") as f:
+                json.dump(step["signals"], f)
+            os.rename(request + ".tmp", request + ".json")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(request + ".done"):
+                if os.path.exists(request + ".failed") or time.monotonic() > deadline:
+                    return 9
+                time.sleep(0.02)
         if step.get("poll"):
             out = subprocess.run(ralph + ["tools", "signals", "poll", "--json"], check=True,
                                  capture_output=True, text=True).stdout
             with open(os.path.join(ws, "polled-%03d.json" % n), "w") as f:
                 f.write(out)
         if step.get("snapshot_inputs"):
-            inputs = os.path.join(env["RALPH_SESSION_DIR"], "signals", "inputs")
+            inputs = os.path.join(env["RALPH_CONTROL_DIR"], "signals", "inputs")
             with open(os.path.join(ws, "inputs-%03d.txt" % n), "w") as f:
                 f.write("\\n".join(sorted(os.listdir(inputs))))
         if step.get("wait_for"):
@@ -113,9 +127,69 @@ def setup(ws: Path, steps: list[dict], **config) -> Path:
         **config})
 
 
+class _Humans(threading.Thread):
+    """The humans of workspace `ws`, outside every run: each request an agent's step makes
+    (`.drops/NNN.json`, a list of signals) is served once (whoever serves the workspace
+    next skips it), in order, with the real `ralph signal` run from the test; then
+    `.drops/NNN.done` lets the agent go on (or `.failed`, and the error is kept for the
+    test)."""
+
+    def __init__(self, ws: Path):
+        super().__init__(daemon=True)
+        self.ws = ws
+        self.served: set[str] = set()
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.02):
+            self.serve()
+
+    def serve(self) -> None:
+        folder = self.ws / ".drops"
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        except FileNotFoundError:
+            return
+        for name in names:
+            request = folder / name[:-len(".json")]
+            if name in self.served or request.with_suffix(".done").exists() \
+                    or request.with_suffix(".failed").exists():   # served before
+                continue
+            self.served.add(name)
+            for sig in json.loads((folder / name).read_text()):
+                argv = ["signal", sig["type"], sig.get("message", "")]
+                if "target" in sig:
+                    argv += ["--target", sig["target"]]
+                if "iteration" in sig:
+                    argv += ["--iteration", str(sig["iteration"])]
+                r = ralph(self.ws, *argv)
+                if r.returncode != 0:
+                    self.errors.append(f"ralph {' '.join(argv)}: exit {r.returncode}: "
+                                       f"{r.stderr.strip()}")
+                    request.with_suffix(".failed").touch()
+                    break
+            else:
+                request.with_suffix(".done").touch()
+
+
+@contextmanager
+def humans(ws: Path):
+    """The humans serving the agents' requests for signals while inside (see _Humans)."""
+    them = _Humans(ws)
+    them.start()
+    try:
+        yield them
+    finally:
+        them.stopping.set()
+        them.join(30)
+    assert not them.errors, them.errors
+
+
 def start(ws: Path, sid: str = "s1", env: dict | None = None, timeout: float = 120):
-    return ralph(ws, "session", "start", "test the mailbox", "-c", ws / "ralph.yml",
-                 "--id", sid, env=env or base_env(**FAST), timeout=timeout)
+    with humans(ws):
+        return ralph(ws, "session", "start", "test the mailbox", "-c", ws / "ralph.yml",
+                     "--id", sid, env=env or base_env(**FAST), timeout=timeout)
 
 
 def spawn_start(ws: Path, sid: str = "s1", env: dict | None = None) -> subprocess.Popen:
@@ -124,7 +198,8 @@ def spawn_start(ws: Path, sid: str = "s1", env: dict | None = None) -> subproces
 
 
 def resume(ws: Path, sid: str = "s1", *extra, env: dict | None = None):
-    return ralph(ws, "session", "resume", sid, *extra, env=env or base_env(**FAST))
+    with humans(ws):
+        return ralph(ws, "session", "resume", sid, *extra, env=env or base_env(**FAST))
 
 
 def wait_until(predicate, timeout: float = 30, what: str = "condition"):
@@ -179,7 +254,8 @@ def test_steer_and_info_for_all_reach_the_next_prompt_and_the_scratchpad(workspa
     assert r.returncode == 0, r.stderr
     sdir = only_session(ws)
 
-    # the planner's run dropped them: the engine took them at the plan_ready transition
+    # dropped (by the humans) while the planner ran: the engine took them at the
+    # plan_ready transition
     # and gave both, squashed in order, to the next invocation (of any role)
     first_exec = prompt_of(ws, r"executor-t1-a1")
     section = guidance_section(first_exec)
@@ -191,7 +267,7 @@ def test_steer_and_info_for_all_reach_the_next_prompt_and_the_scratchpad(workspa
     assert later == [n for n, _ in prompts(ws) if "executor-t1-a1" in n]
     assert not guidance_section(prompt_of(ws, r"^001-.*planner"))
 
-    pad = (sdir / "scratchpad.md").read_text()
+    pad = (work_dir(sdir) / "scratchpad.md").read_text()
     assert pad.count("use the bar library") == 1 and pad.count("the target is Azure") == 1
     assert re.search(r"- \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* STEER for .*: use the bar library", pad)
 
@@ -204,8 +280,8 @@ def test_steer_and_info_for_all_reach_the_next_prompt_and_the_scratchpad(workspa
 
 
 def test_targeted_guidance_waits_for_its_role(workspace):
-    """--target Executor, dropped by the last reviewer of iteration 1: not given to the
-    Librarian nor to the Planner of iteration 2, but to the Executor of iteration 2."""
+    """--target Executor, dropped while the last reviewer of iteration 1 runs: not given to
+    the Librarian nor to the Planner of iteration 2, but to the Executor of iteration 2."""
     ws = workspace
     setup(ws, [
         plan("t1"),
@@ -233,7 +309,7 @@ def test_targeted_guidance_waits_for_its_role(workspace):
         assert ("only Firefox" in text) == ("it2-executor" in name)
         assert ("for the reviewer" in text) == ("it2-reviewer" in name)
 
-    pad = (sdir / "scratchpad.md").read_text()
+    pad = (work_dir(sdir) / "scratchpad.md").read_text()
     assert "STEER for Executor: only Firefox" in pad
     assert "INFO for Planner: the planner hint" in pad
     actions = sorted(d["handling_metadata"]["action_taken"]
@@ -307,7 +383,7 @@ def test_pause_stops_a_sleeping_agent_and_resume_continues(workspace):
     assert m["status"] == "completed" and m["orchestrator"]["pause_reason"] is None
     assert progress_markers(sdir)["1"] == {"t1": "x", "t2": "x"}
     assert [t["trigger"] for t in transitions(sdir)].count("pause") == 1
-    assert "the spec is fine, go on" in (sdir / "scratchpad.md").read_text()
+    assert "the spec is fine, go on" in (work_dir(sdir) / "scratchpad.md").read_text()
 
 
 def test_abort_stops_a_sleeping_agent_and_runs_the_cleanup_checklist(workspace):
@@ -385,7 +461,7 @@ def test_approve_promotes_and_a_stale_approve_is_rejected(workspace):
     setup(ws, KNOWLEDGE_STEPS, knowledge={"approval": "required", "timeout_seconds": 60})
     began = time.monotonic()
     proc = spawn_start(ws)
-    sdir = wait_until(lambda: (ws / ".ralph-sessions/s1").is_dir() and ws / ".ralph-sessions/s1",
+    sdir = wait_until(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
                       what="the session")
     wait_until(lambda: _state(sdir) == "KNOWLEDGE_APPROVAL", what="KNOWLEDGE_APPROVAL")
 
@@ -397,7 +473,7 @@ def test_approve_promotes_and_a_stale_approve_is_rejected(workspace):
     assert stale["rejection"]["at"]
     time.sleep(0.3)
     assert proc.poll() is None and _state(sdir) == "KNOWLEDGE_APPROVAL"  # still waiting
-    assert (sdir / "iterations/1/knowledge/notes.md").exists()
+    assert (work_dir(sdir) / "iterations/1/knowledge/notes.md").exists()
 
     r = ralph(ws, "signal", "approve", "looks good", "--iteration", "1")
     assert r.returncode == 0, r.stderr
@@ -405,7 +481,7 @@ def test_approve_promotes_and_a_stale_approve_is_rejected(workspace):
     assert code == 0, (out, err)
     assert time.monotonic() - began < 30  # far from the 60 s timeout
     assert (ws / ".docs/notes.md").read_text() == "# notes\n\nlearned things\n"
-    assert not (sdir / "iterations/1/knowledge/notes.md").exists()
+    assert not (work_dir(sdir) / "iterations/1/knowledge/notes.md").exists()
     record = yaml.safe_load((sdir / "iterations/1/knowledge/promoted.yaml").read_text())
     assert record["files"] == [{"staged": "knowledge/notes.md", "promoted_to": ".docs/notes.md"}]
     assert "looks good" in record["why"]
@@ -427,7 +503,7 @@ def test_skip_keeps_knowledge_staged(workspace):
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - began < 30
     sdir = only_session(ws)
-    assert (sdir / "iterations/1/knowledge/notes.md").exists()
+    assert (work_dir(sdir) / "iterations/1/knowledge/notes.md").exists()
     assert not (ws / ".docs").exists()
     assert not (sdir / "iterations/1/knowledge/promoted.yaml").exists()
     it = yaml.safe_load((sdir / "iterations/1/metadata.yaml").read_text())
@@ -445,9 +521,10 @@ def test_knowledge_timeout_carries_it_to_the_next_iteration(workspace):
     r = start(ws)
     assert r.returncode == 0, r.stderr
     sdir = only_session(ws)
-    assert not (sdir / "iterations/1/knowledge/notes.md").exists()
-    assert (sdir / "iterations/2/knowledge/notes.md").read_text() == "# notes\n\nlearned things\n"
-    carried = yaml.safe_load((sdir / "iterations/2/knowledge/carried_from.yaml").read_text())
+    work = work_dir(sdir)   # staged and carried knowledge: in the work area
+    assert not (work / "iterations/1/knowledge/notes.md").exists()
+    assert (work / "iterations/2/knowledge/notes.md").read_text() == "# notes\n\nlearned things\n"
+    carried = yaml.safe_load((work / "iterations/2/knowledge/carried_from.yaml").read_text())
     assert carried["carried_from"] == 1 and carried["files"] == ["notes.md"]
     assert not (ws / ".docs").exists()
     it = yaml.safe_load((sdir / "iterations/1/metadata.yaml").read_text())
@@ -455,7 +532,7 @@ def test_knowledge_timeout_carries_it_to_the_next_iteration(workspace):
 
 
 def test_approve_waits_in_inputs_until_knowledge_approval(workspace):
-    """Dropped by the Executor: it waits in inputs/ through the transitions and the
+    """Dropped while the Executor runs: it waits in inputs/ through the transitions and the
     reviews, and is consumed once the session is in KNOWLEDGE_APPROVAL."""
     ws = workspace
     setup(ws, [plan("t1"), DONE,
@@ -499,10 +576,10 @@ def test_signal_cli_refusals(workspace):
         assert "--target" not in args or "target" in r.stderr
     r = ralph(ws, "signal", "STEER", "hello", "--session", "s2", "--target", "ralph-executor")
     assert r.returncode == 0, r.stderr
-    [name] = signal_files(ws / ".ralph-sessions/s2", "inputs")
+    [name] = signal_files(session_dir(ws, "s2"), "inputs")
     assert r.stdout.strip() == name
     assert re.fullmatch(r"signal\.\d{6}-\d{6}-\d{3}-[0-9a-f]+\.yaml", name)
-    doc = signal_files(ws / ".ralph-sessions/s2", "inputs")[name]
+    doc = signal_files(session_dir(ws, "s2"), "inputs")[name]
     assert doc == {"type": "STEER", "target": "Executor", "message": "hello"}
     assert not signal_files(sdir, "inputs")
 
@@ -527,7 +604,7 @@ def test_four_writers_a_thousand_signals_each_processed_exactly_once(workspace):
                {**EXECUTE, "sleep": 0.4}, REVIEW])
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
     wait_until(_running(ws, r"executor-t1"), what="the executor of t1 to start")
-    sdir = str(ws / ".ralph-sessions/s1")
+    sdir = str(session_dir(ws, "s1"))
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_drop_many, args=(sdir, w, 250, str(ws / f"dropped-{w}")))
                for w in range(4)]
@@ -539,7 +616,7 @@ def test_four_writers_a_thousand_signals_each_processed_exactly_once(workspace):
         assert p.exitcode == 0
     dropped_in = time.monotonic() - began
     assert proc.poll() is None, "the session ended before the writers did"
-    consumed_meanwhile = len(list((ws / ".ralph-sessions/s1/signals/processed").iterdir()))
+    consumed_meanwhile = len(list((session_dir(ws, "s1") / "signals/processed").iterdir()))
     (ws / "writers-done").write_text("")
     code, out, err = finish(proc, timeout=120)
     assert code == 0, (out, err)
@@ -556,7 +633,7 @@ def test_four_writers_a_thousand_signals_each_processed_exactly_once(workspace):
     assert not signal_files(session, "inputs") and not signal_files(session, "rejected")
     assert not leftovers(session)
     assert not [p for p in (session / "signals").rglob(".*")]  # no writer's temp file left
-    pad = (session / "scratchpad.md").read_text()
+    pad = (work_dir(session) / "scratchpad.md").read_text()
     for name in dropped:
         assert pad.count(name) == 1, name
     # every message reached a prompt (exactly one: the run that carried it completed)
@@ -599,7 +676,7 @@ def _check_signals_once(ws: Path) -> None:
             if d["type"] == "PAUSE"] == ["paused the session"]
     assert not signal_files(sdir, "inputs") and not signal_files(sdir, "rejected")
     assert not leftovers(sdir)
-    assert (sdir / "scratchpad.md").read_text().count("crash-proof steer") == 1
+    assert (work_dir(sdir) / "scratchpad.md").read_text().count("crash-proof steer") == 1
     # the PAUSE paused the session exactly once
     assert [t["trigger"] for t in transitions(sdir)].count("pause") == 1
     assert [t["trigger"] for t in transitions(sdir)].count("resume") == 1
@@ -833,12 +910,12 @@ def test_a_session_rejects_non_files_and_duplicate_keys_with_the_reason(workspac
     inputs, _, rejected = (Path(p) for p in signals.dirs(str(sdir)))
     abort = ws / "abort.yaml"
     abort.write_bytes(b"type: ABORT\nmessage: obey me\n")
-    (ws / "aside").write_bytes(b"type: INFO\nmessage: harmless\ntype: ABORT\n")
-    os.rename(ws / "aside", inputs / "signal.1-dup.yaml")
-    (ws / "aside").mkdir()
-    (ws / "aside" / "signal.inner.yaml").write_bytes(abort.read_bytes())
-    (ws / "aside" / "outside").symlink_to(abort)
-    os.rename(ws / "aside", inputs / "signal.2-dir.yaml")
+    (sdir / "aside").write_bytes(b"type: INFO\nmessage: harmless\ntype: ABORT\n")
+    os.rename(sdir / "aside", inputs / "signal.1-dup.yaml")
+    (sdir / "aside").mkdir()
+    (sdir / "aside" / "signal.inner.yaml").write_bytes(abort.read_bytes())
+    (sdir / "aside" / "outside").symlink_to(abort)
+    os.rename(sdir / "aside", inputs / "signal.2-dir.yaml")
     (inputs / "signal.3-link.yaml").symlink_to(abort)
     os.mkfifo(inputs / "signal.4-fifo.yaml")
     # a socket's path must be short: bound from inside the directory
@@ -889,7 +966,7 @@ def test_a_session_consumes_a_generated_batch_of_bad_and_good_signals(workspace)
         b"type: STEER\nmessage: " + b"x" * (MAX - 100) + b"\n",
         b"type: INFO\nmessage: " + b"x" * (MAX + 1) + b"\n"]
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    sdir = wait_until(lambda: (ws / ".ralph-sessions/s1").is_dir() and ws / ".ralph-sessions/s1",
+    sdir = wait_until(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
                       what="the session")
     inputs = sdir / "signals/inputs"
     names = []
