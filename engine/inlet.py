@@ -135,8 +135,8 @@ class Inlet:
         if claimed is None and kind != "refusal":
             # the outbox is the agents': a line naming no run vouches for nobody (a human's
             # `ralph emit` writes the bus itself)
-            return self._refuse(line, request, f"{kind} names no run (RALPH_RUN_ID): the "
-                                "outbox takes agent runs' requests only")
+            return self._refuse(line, request, f"{kind} names no run: it comes from agent "
+                                "runs only (RALPH_RUN_ID)")
         source = run.role if claimed is not None else "unknown"
         if kind == "event":
             topic, payload = request.get("topic"), request.get("payload")

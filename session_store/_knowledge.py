@@ -100,7 +100,7 @@ class Knowledge:
     def _checked_move(self, docs: str, workspace: str, entry) -> tuple[str, str] | None:
         """(source, destination) of a record entry, or None: the source must be a regular
         file (not a symlink) inside this knowledge/, the destination inside the docs dir.
-        The record lies where the Librarian writes: it is not trusted further."""
+        Each entry is checked again all the same (a record is data, not a permission)."""
         if not isinstance(entry, dict) or not isinstance(entry.get("staged"), str) \
                 or not isinstance(entry.get("promoted_to"), str):
             return None

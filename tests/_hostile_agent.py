@@ -118,6 +118,14 @@ def speak_as_the_engine() -> None:
         f.write(json.dumps({"kind": "event", "id": "rforged2", "run": ENV["RALPH_RUN_ID"],
                             "source": "engine", "topic": "note.forged",
                             "payload": "as the engine"}) + "\n")
+        # no run at all: as a human at a terminal would once have been heard
+        f.write(json.dumps({"kind": "event", "id": "rforged3", "topic": "note.forged",
+                            "payload": "as a human"}) + "\n")
+    # its environment cleared: still its run's word, never a human's
+    run("emit with env -i", ["env", "-i", f"PATH={ENV.get('PATH', '')}",
+                             f"RALPH_STATE_DIR={ENV.get('RALPH_STATE_DIR', '')}", *RALPH, "--workspace",
+                             WS, "emit", "note.forged", "env cleared", "--session", SID],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run("emit too large", [*RALPH, "emit", "note.big", "x" * 2000])   # the cap is 1 KiB here
     with open(os.path.join(WORK, "outbox.jsonl"), "a") as f:   # 3 MiB past any cap
         f.write(json.dumps({"kind": "event", "id": "rhuge", "run": ENV["RALPH_RUN_ID"],
