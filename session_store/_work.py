@@ -69,6 +69,14 @@ class WorkArea:
             os.close(self._fd)
             self._fd = None
 
+    def __del__(self) -> None:
+        # a Session let go without an engine's close (a view, a channel, a command that
+        # loads sessions over and over) gives its descriptors back with it
+        try:
+            self.close()
+        except (OSError, TypeError):   # TypeError: os already torn down at exit
+            pass
+
     def dir_fd(self, rel: str = "") -> int:
         """A new descriptor of the directory `rel` (made when missing), reached without
         following a link; the caller closes it."""

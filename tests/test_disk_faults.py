@@ -272,10 +272,11 @@ def one_shot_commands_on_a_full_disk(disk: Path) -> None:
                     f.write(b"\0" * size)
             except OSError:
                 pass
-    env = base_env(RALPH_SESSION_DIR=str(work))
+    agent = base_env(RALPH_SESSION_DIR=str(work), RALPH_RUN_ID="0009-executor-t1")
     big = "x" * 20000   # more than the slack in the last page of a file
-    for argv in (["emit", "note.x", big], ["signal", "info", "a note", "--session", "d1"],
-                 ["session", "answer", "d1", "yes", "--question", "q-open"]):
+    for argv, env in ((["emit", "note.x", big], agent),
+                      (["signal", "info", "a note", "--session", "d1"], base_env()),
+                      (["session", "answer", "d1", "yes", "--question", "q-open"], base_env())):
         r = subprocess.run(RALPH + argv, cwd=ws, env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2, (argv, r.returncode, r.stderr)

@@ -92,6 +92,24 @@ def test_typed_refusals_are_bad_input_with_the_same_words(workspace):
         questions.answer(s.dir, "q2", "late", now=NOW)
 
 
+def test_sessions_let_go_keep_no_descriptor_open(workspace):
+    """A long-lived process (the web view, the bot) loads sessions over and over and
+    writes their work areas: each Session let go gives back the directories its work
+    area kept open (the test suite's process once ran out of them: select() failed)."""
+    session = create(str(workspace), "fds", now=NOW, session_id="f1")
+    session.work.write("inbox/a.json", "{}", "reply")
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+    before = open_fds()
+    for _ in range(300):
+        loaded = load(str(workspace), "f1")
+        loaded.work.write("inbox/a.json", "{}", "reply")
+        loaded.work.write("iterations/1/logs/x.log", "x", "log")
+    del loaded
+    assert open_fds() <= before + 1   # one Session's at most, none per load
+
+
 def test_save_increments_revision(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
     s.save(NOW)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .cli import RALPH, REPO, base_env
-from .disk import session_dir, work_dir
+from .disk import session_dir
 from .model_server import Brain, ModelServer
 
 AGENTS_BIN = REPO / "tests" / "agents" / "node_modules" / ".bin"
@@ -86,12 +86,12 @@ class Rig:
         return session_dir(self.ws, sid)
 
 
-def processes_marked(sd: Path) -> list[tuple[int, str]]:
-    """Live processes carrying the run mark of the session whose control plane is `sd`
-    (runs are marked with its work area): (pid, command line)."""
+def processes_marked(work: Path) -> list[tuple[int, str]]:
+    """Live processes carrying the run mark of the session whose work area is `work`
+    (runs are marked with it): (pid, command line)."""
     from engine.agents import containment
     found = []
-    for pid in containment.find(str(work_dir(sd))):
+    for pid in containment.find(str(work)):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
@@ -100,12 +100,13 @@ def processes_marked(sd: Path) -> list[tuple[int, str]]:
     return found
 
 
-def wait_for_process(sd: Path, needle: str, timeout: float = 60) -> int:
-    """The pid of the session's marked process whose command line holds `needle`."""
+def wait_for_process(work: Path, needle: str, timeout: float = 60) -> int:
+    """The pid of the marked process of the session whose work area is `work` whose
+    command line holds `needle`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid, cmd in processes_marked(sd) if sd.exists() else []:
+        for pid, cmd in processes_marked(work) if work.exists() else []:
             if needle in cmd:
                 return pid
         time.sleep(0.05)
-    raise AssertionError(f"no process running {needle!r} in {sd}")
+    raise AssertionError(f"no process running {needle!r} in {work}")
