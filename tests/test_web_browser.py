@@ -132,6 +132,11 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         engines.append(engine)
         row = page.locator(f'tr[data-session="{SID}"]')
         row.wait_for(timeout=30000)
+        # its row follows the session live, the link staying the same node (a row rebuilt
+        # between a click's press and release swallowed the click)
+        row.locator("a").evaluate("a => { a.dataset.seen = 'first' }")
+        row.locator("td.state", has_text="EXECUTING_BATCH").wait_for(timeout=30000)
+        assert row.locator("a").get_attribute("data-seen") == "first"
         row.locator("a").click()
         page.wait_for_url(f"**/s/{SID}")
 

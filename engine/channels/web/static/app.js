@@ -12,9 +12,13 @@ function sessionRow(v) {
     return h("tr", { class: "unreadable", dataset: { session: v.session_id } },
       h("td", {}, link), h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
   }
-  const engine = engineOf(v);
   return h("tr", { class: `status-${v.status}`, dataset: { session: v.session_id } },
-    h("td", {}, link, h("div", { class: "objective" }, v.objective)),
+    h("td", {}, link, h("div", { class: "objective" }, v.objective)), ...detailCells(v));
+}
+
+function detailCells(v) {
+  const engine = engineOf(v);
+  return [
     h("td", {}, badge(v.status)),
     h("td", { class: "state" }, v.state),
     h("td", { class: `engine ${engine}` }, engine),
@@ -23,7 +27,16 @@ function sessionRow(v) {
     h("td", { class: "num" }, money(v.usage)),
     h("td", { class: "num" }, tokens(v.usage)),
     h("td", { title: v.updated_at }, ago(v.updated_at)),
-    h("td", { class: "reason" }, v.pause_reason || ""));
+    h("td", { class: "reason" }, v.pause_reason || "")];
+}
+
+// A row's first cell (its link) stays the same node while the session is listed in the
+// same place: a row rebuilt between a click's press and release would swallow the click.
+function refreshRow(tr, v) {
+  tr.className = `status-${v.status}`;
+  tr.cells[0].querySelector(".objective").textContent = v.objective;
+  while (tr.cells.length > 1) tr.deleteCell(-1);
+  tr.append(...detailCells(v));
 }
 
 function listPage(main) {
@@ -35,7 +48,11 @@ function listPage(main) {
     "No session in this workspace yet: ralph session start \"OBJECTIVE\" starts one.");
   main.replaceChildren(h("h1", {}, "Sessions"), table, empty);
   const render = (list) => {
-    rows.replaceChildren(...list.map(sessionRow));
+    const shown = [...rows.rows];
+    const inPlace = shown.length === list.length && list.every((v, i) => !v.error
+      && shown[i].dataset.session === v.session_id && !shown[i].classList.contains("unreadable"));
+    if (inPlace) list.forEach((v, i) => refreshRow(shown[i], v));
+    else rows.replaceChildren(...list.map(sessionRow));
     table.hidden = list.length === 0;
     empty.hidden = list.length > 0;
   };
