@@ -259,19 +259,25 @@ def _make_dir(path: str) -> None:
     parent = os.path.dirname(path)
     os.makedirs(os.path.dirname(parent), DIR_MODE, exist_ok=True)   # the workspace
     for level in (parent, path):
-        try:
-            st = os.lstat(level)
-        except FileNotFoundError:
-            os.mkdir(level, DIR_MODE)
+        if _made(level) or stat.S_ISDIR(os.lstat(level).st_mode):
             continue
-        if not stat.S_ISDIR(st.st_mode):
-            above, name = os.path.split(level)
-            fd = os.open(above, _DIR)
-            try:
-                _set_aside(fd, name)
-            finally:
-                os.close(fd)
-            os.mkdir(level, DIR_MODE)
+        above, name = os.path.split(level)
+        fd = os.open(above, _DIR)
+        try:
+            _set_aside(fd, name)
+        finally:
+            os.close(fd)
+        _made(level)
+
+
+def _made(path: str) -> bool:
+    """mkdir; False where something is there already (another engine starting beside
+    this one may have made it a moment ago: not an error)."""
+    try:
+        os.mkdir(path, DIR_MODE)
+        return True
+    except FileExistsError:
+        return False
 
 
 def _set_aside(dir_fd: int, name: str) -> None:

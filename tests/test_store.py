@@ -110,6 +110,31 @@ def test_sessions_let_go_keep_no_descriptor_open(workspace):
     assert open_fds() <= before + 1   # one Session's at most, none per load
 
 
+def _make_work_area(ws: str, sid: str, go) -> None:
+    from session_store import WorkArea
+    go.wait()
+    WorkArea(os.path.join(ws, ".ralph-sessions", sid)).write("scratchpad.md", sid)
+
+
+def test_sessions_started_together_in_a_new_workspace_both_start(tmp_path):
+    """Engines starting at the same moment in a workspace that has no `.ralph-sessions/`
+    yet each make it where missing: the one that finds it made a moment ago goes on (it
+    stopped with FileExistsError: a flake in CI's two concurrent `session start`)."""
+    forked = multiprocessing.get_context("fork")
+    for n in range(20):
+        ws = tmp_path / f"ws{n}"
+        ws.mkdir()
+        go = forked.Barrier(4)
+        procs = [forked.Process(target=_make_work_area, args=(str(ws), f"s{i}", go))
+                 for i in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0], n
+        assert sorted(os.listdir(ws / ".ralph-sessions")) == ["s0", "s1", "s2", "s3"]
+
+
 def test_save_increments_revision(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
     s.save(NOW)
