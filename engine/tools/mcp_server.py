@@ -23,8 +23,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Strict, ValidationError
 
-from session_store._errors import BadInput, DiskFault
-from session_store._schema import shown
+from session_store import BadInput, DiskFault, shown
 
 from .emit import EmitError, check, max_event_bytes, publish, report_refusal
 from .mcp_wire import serve_stdio
