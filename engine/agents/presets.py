@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from datetime import datetime
 
 
 from session_store import open_beneath
@@ -32,6 +33,23 @@ class RunReport:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageLimit:
+    """The CLI gave up on a usage or rate limit of its model's API: when the limit resets,
+    where it said (an aware datetime), and its own words."""
+    until: datetime | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a run ended, as a preset reads it for a limit or its conversation's id."""
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    now: datetime                  # aware: resolves a reset said as a time of day
+
+
+@dataclass(frozen=True, slots=True)
 class McpServer:
     """`ralph mcp` for one run: how its CLI starts it, with the run's environment (CLIs
     pass MCP servers little of their own)."""
@@ -47,6 +65,7 @@ class RunSetup:
     work_dir: str                  # the session's work area, where the logs are
     ask_timeout_seconds: float     # how long a human question may block a tool call
     mcp: McpServer | None = None   # wire ralph's MCP server into the CLI (supports_mcp)
+    conversation: str | None = None   # continue this conversation of the CLI (resumes)
 
     @property
     def tool_wait_seconds(self) -> int:
@@ -63,6 +82,7 @@ class Preset:
     price_per_mtok = (0.0, 0.0)       # USD per million (input, output) tokens
     refused_as_root: tuple[str, ...] = ()   # flags the CLI refuses when run as root
     supports_mcp = False              # ralph's MCP server can be wired into a run
+    resumes = False                   # argv continues setup.conversation when given
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
         return [self.program, *self.args, *extra]
@@ -72,6 +92,14 @@ class Preset:
 
     def report(self, stdout: str) -> RunReport:
         return RunReport(text=stdout)
+
+    def limit(self, end: RunEnd) -> UsageLimit | None:
+        """The usage or rate limit this run ended on, if it did (read from its output)."""
+        return None
+
+    def conversation(self, end: RunEnd) -> str | None:
+        """The CLI's id for this run's conversation, to continue it (resumes)."""
+        return None
 
     def preflight(self, extra: list[str], path: str | None) -> str | None:
         """Why this CLI cannot run here (one line), or None."""
