@@ -38,6 +38,12 @@ class OnTimeout(enum.Enum):
     ABORT = "abort"
 
 
+class OnLimit(enum.Enum):
+    WAIT = "wait"        # wait, durably, until the limit resets, then retry the step
+    PAUSE = "pause"      # pause the session (exit 3), saying when the limit resets
+    SWITCH = "switch"    # run on agent.limit_fallback until the limit resets
+
+
 class Approval(enum.Enum):
     AUTO = "auto"
     REQUIRED = "required"
@@ -60,6 +66,11 @@ class AgentConfig:
     script: str | None = None
     prices: Prices | None = None    # null: the preset's list prices
     mcp: bool = True                # wire `ralph mcp` into runs of CLIs that take it
+    # the CLI's usage or rate limit (engine/limits.py): never an attempt spent
+    on_limit: OnLimit = OnLimit.WAIT
+    limit_fallback: AgentOverride | None = None   # for on_limit: switch
+    limit_wait_seconds: float = 3600.0       # when the CLI does not say when it resets
+    max_limit_wait_seconds: float = 43200.0  # the longest one wait; then the step is retried
 
 
 @dataclass(slots=True)
@@ -156,12 +167,21 @@ class Config:
         return getattr(self.roles, role).enabled
 
     def agent_for(self, role: str) -> AgentConfig:
-        override = getattr(self.roles, role).agent
-        if override is None:
-            return self.agent
-        changes = {f.name: value for f in dataclasses.fields(override)
-                   if (value := getattr(override, f.name)) is not None}
-        return dataclasses.replace(self.agent, **changes)
+        return _overridden(self.agent, getattr(self.roles, role).agent)
+
+    def limit_fallback(self, role: str | None = None) -> AgentConfig:
+        """The agent a role switches to while its own is at a usage limit (on_limit:
+        switch): the role's agent with agent.limit_fallback's changes."""
+        agent = self.agent_for(role) if role else self.agent
+        return _overridden(agent, self.agent.limit_fallback)
+
+
+def _overridden(agent: AgentConfig, override: AgentOverride | None) -> AgentConfig:
+    if override is None:
+        return agent
+    changes = {f.name: value for f in dataclasses.fields(override)
+               if (value := getattr(override, f.name)) is not None}
+    return dataclasses.replace(agent, **changes)
 
 
 def _range_errors(config: Config) -> list[str]:
@@ -203,6 +223,19 @@ def _range_errors(config: Config) -> list[str]:
     positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
     positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
     positive("agent.timeout_seconds", config.agent.timeout_seconds)
+    positive("agent.limit_wait_seconds", config.agent.limit_wait_seconds)
+    positive("agent.max_limit_wait_seconds", config.agent.max_limit_wait_seconds)
+    if config.agent.on_limit is OnLimit.SWITCH and config.agent.limit_fallback is None:
+        errors.append("$.agent.limit_fallback: expected the agent to switch to (say "
+                      "{backend: codex}) for on_limit: switch")
+    fallback = config.agent.limit_fallback
+    if fallback is not None:
+        positive("agent.limit_fallback.timeout_seconds", fallback.timeout_seconds,
+                 allow_none=True)
+        if config.limit_fallback().backend is Backend.COMMAND and \
+                not config.limit_fallback().command:
+            errors.append("$.agent.limit_fallback.command: expected a non-empty argv list "
+                          "for backend: command")
     if config.agent.prices is not None:
         positive("agent.prices.input", config.agent.prices.input, allow_zero=True)
         positive("agent.prices.output", config.agent.prices.output, allow_zero=True)

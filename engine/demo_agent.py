@@ -19,8 +19,17 @@ A scenario YAML lists steps; the first whose `role` (and, when given, `iteration
                                 # use {answer}; a timeout makes the step exit 3 after it
         stdout: "text to print"
         exit: 0
+        limit: {until: "2026-11-26T05:00:00Z", reset: true, says: null, message: "..."}
+                                # until that instant (ISO 8601 or epoch seconds), the run
+                                # says its usage limit (a JSON line, with the reset unless
+                                # reset: false; `says`: another reset than the real one)
+                                # and exits 1 before anything else
+      - role: executor
+        resumed: true           # only a run that continues an earlier run's conversation
 
-`{task}`, `{iteration}`, `{role}` and `{attempt}` are replaced in strings. No matching
+Every run first prints its conversation's id (a JSON line); `--resume ID` continues that
+conversation, as the agent CLIs do. `{task}`, `{iteration}`, `{role}` and `{attempt}` are
+replaced in strings. No matching
 step: the agent does nothing and exits 0. This is how users rehearse a config and how
 the tests drive every path. What it writes lands under `<workspace>/.ralph-demo/`, never
 among the project's own files: no model wrote it.
@@ -28,9 +37,12 @@ among the project's own files: no model wrote it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import uuid
+from datetime import datetime, timezone
 from importlib import resources
 
 import yaml
@@ -68,12 +80,35 @@ def find_step(scenario: dict, names: dict) -> dict | None:
     for step in scenario.get("steps", []):
         if step.get("role") != names["role"]:
             continue
-        if all(str(step[k]) == str(names[k]) for k in ("iteration", "task", "attempt") if k in step):
+        if all(str(step[k]) == str(names[k]) for k in ("iteration", "task", "attempt") if k in step) \
+                and step.get("resumed", names["resumed"]) == names["resumed"]:
             return _fill(step, names)
     return None
 
 
+def limited(limit: dict) -> bool:
+    """Says the usage limit of `limit` (a step's) while it lasts; True if it did."""
+    until = _epoch(limit["until"])
+    if time.time() >= until:
+        return False
+    says = _epoch(limit["says"]) if limit.get("says") is not None else until
+    print(json.dumps({"type": "usage_limit", "message": limit.get("message",
+                                                               "demo agent: usage limit reached"),
+                      "resets_at": says if limit.get("reset", True) else None}), flush=True)
+    return True
+
+
+def _epoch(value) -> float:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).timestamp()
+    return float(value)
+
+
 def play(step: dict, env: dict) -> int:
+    if step.get("limit") and limited(step["limit"]):
+        return 1
     time.sleep(float(step.get("sleep", 0)) * float(env.get("RALPH_DEMO_SLEEP_SCALE", 1)))
     answered = True
     if step.get("ask"):
@@ -114,11 +149,15 @@ def _write(path: str, content: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ralph-demo-agent")
     parser.add_argument("--script", help="scenario YAML (default: the built-in one)")
+    parser.add_argument("--resume", help="continue this conversation (its id)")
     args = parser.parse_args(argv)
     env = os.environ
     sys.stdin.read()  # the prompt: read so the engine's pipe never blocks
+    print(json.dumps({"type": "conversation", "id": args.resume or str(uuid.uuid4())}),
+          flush=True)
     names = {"role": env["RALPH_ROLE"], "iteration": env.get("RALPH_ITERATION", ""),
-             "task": env.get("RALPH_TASK_ID", ""), "attempt": env.get("RALPH_ATTEMPT", "1")}
+             "task": env.get("RALPH_TASK_ID", ""), "attempt": env.get("RALPH_ATTEMPT", "1"),
+             "resumed": args.resume is not None}
     step = find_step(load_scenario(args.script), names)
     if step is None:
         return 0

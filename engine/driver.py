@@ -7,6 +7,7 @@ COMPLETE or PAUSED; then the exit code.
   HumanDesk      questions asked by the loop, the hold, late answers
   RunQuestions   questions agents ask inside their runs, answered back to them
   Inlet          what agents' tools send through the work area's outbox
+  LimitKeeper    the agents' usage limits, waited out (or switched around) durably
   Assessor       seed 004's confidence and the help it asks for
   BlockerLedger  seed 003's repeated blockers
   KnowledgeKeeper promotion, keeping, carrying of staged knowledge
@@ -33,6 +34,7 @@ from .context import Work
 from .humans import Assessor, BlockerLedger, HumanDesk, RunQuestions
 from .inlet import Inlet
 from .knowledge import KnowledgeKeeper
+from .limits import LimitKeeper
 from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode, watch
 from .runner import AgentRunner, RunResult, limit_reached
@@ -69,9 +71,12 @@ class Engine:
         self.inlet = Inlet(session, max_bytes=config.event_loop.max_event_bytes,
                            on_ask=asked.ask, on_ask_gone=asked.gone,
                            on_poll=self.mailbox.take_for_role)
+        self.limits = limits = LimitKeeper(tracker, config, self.mailbox, clock=self.clock,
+                                           wakeup=self.wakeup, say=self.say,
+                                           publish=lambda t, p: self.runner.publish(t, p))
         self.runner = runner = AgentRunner(
-            session, tracker, config, self.mailbox, self.inlet,
-            agent_for=agent_for or (lambda role: make_agent(config.agent_for(role))),
+            session, tracker, config, self.mailbox, self.inlet, limits,
+            agent_for=agent_for or (lambda role: make_agent(limits.agent_config(role))),
             admit=lambda: limit_reached(tracker) or desk.hold(), wakeup=self.wakeup,
             say=self.say, clock=self.clock)
         desk.on_answer.append(self._answered)
@@ -102,13 +107,17 @@ class Engine:
 
     # --- the loop ---
 
-    def run(self, resume: bool = False, message: str | None = None) -> int:
+    def run(self, resume: bool = False, message: str | None = None,
+            now: bool = False) -> int:
         """Hold the session (a second engine is refused) and run it to COMPLETE or PAUSED;
-        `message` (resume --message) reaches the next run."""
+        `message` (resume --message) reaches the next run; `now` (resume --now) ends the
+        wait for an agent's usage limit: the step is retried at once."""
         lease = acquire_lock(self.session.dir, self.session.id)
         try:
             if message:
                 self.mailbox.add_message(message)
+            if now:
+                self.limits.over("ralph session resume --now")
             try:
                 # before the engine's first write (the outbox's reset): a disk that refused
                 # writes works again, and room is kept aside to say why if it refuses one

@@ -1,8 +1,11 @@
 """The agent runner: one role invocation, as a pipeline of one concern per step.
 
-  admit    -> no run past a limit, none while a human question is pending, the cooldown
+  admit    -> no run past a limit, none while a human question is pending, the wait for
+              an agent's usage limit, the cooldown
   prepare  -> the run's environment, guidance, prompt and log files
-  execute  -> the backend runs it; PAUSE/ABORT stop it; a priority STEER starts it over
+  execute  -> the backend runs it; PAUSE/ABORT stop it; a priority STEER starts it over;
+              a run that ended on its CLI's usage limit is no attempt: the limit is
+              waited out (engine/limits.py) and the step runs again
   collect  -> what it emitted (gated), its completion line, its cost
   observe  -> the observers (assessor, blocker ledger, human desk) see the result; the
               first that returns a decision (a pause) stops the work
@@ -21,14 +24,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-from session_store import REFUSED, PauseKind, PlannedTask, RunFiles, Session
+from session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
+                           Session)
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
 from . import gates, prompt
 from .agents import Invocation, McpServer, Outcome, containment, preset_for, ralph_argv
 from .agents.presets import reported_usd
+from .config import AgentConfig
 from .inlet import Inlet, RunInfo
+from .limits import LimitKeeper
 from .mailbox import Mailbox, Mode, Rerun
 from .secrets import secret
 from .tracker import Tracker
@@ -54,17 +60,21 @@ class _Prepared:
     invocation: Invocation
     guidance_ids: list[str]
     unit: str
+    agent: AgentConfig      # the agent it runs on (the fallback while a limit lasts)
+    attempt: tuple[int, str]   # its key in the runner's attempt counts
 
 
 class AgentRunner:
     def __init__(self, session: Session, tracker: Tracker, config, mailbox: Mailbox,
-                 inlet: Inlet, *, agent_for, admit: Callable[[], "Next | None"],
-                 wakeup: threading.Event, say: Callable[[str], None], clock):
+                 inlet: Inlet, limits: LimitKeeper, *, agent_for,
+                 admit: Callable[[], "Next | None"], wakeup: threading.Event,
+                 say: Callable[[str], None], clock):
         self.session = session
         self.tracker = tracker
         self.config = config
         self.mailbox = mailbox
         self.inlet = inlet
+        self.limits = limits
         self._agent_for = agent_for
         self._admit = admit            # limits, then the hold for a pending human question
         self.wakeup = wakeup
@@ -92,7 +102,7 @@ class AgentRunner:
             pending: list[dict] | None = None) -> RoleRun | Next:
         """One agent invocation (again at once after a priority STEER). Its events come
         back gated."""
-        if stop := self._admit() or self._cool_down():
+        if stop := self._admit() or self.limits.wait_out() or self._cool_down():
             return stop
         self.current_task = task
         while True:
@@ -102,9 +112,18 @@ class AgentRunner:
                                     prepared.invocation)
             for ended in self.run_ended:
                 ended(prepared.unit)
-            if not outcome.stopped:
+            if not outcome.stopped and not outcome.limit:
                 break
+            # a run cut short is continued where its CLI can (a resume, a limit, a STEER)
+            self._interrupted(prepared, outcome)
             self._account_cost(role, [], outcome)   # a stopped run still cost what it did
+            if outcome.limit:
+                self._forget_attempt(prepared)
+                stop = self.limits.hit(role, task.id if task else None, prepared.agent,
+                                       outcome.limit) or self.limits.wait_out()
+                if stop:
+                    return stop
+                continue
             if isinstance(self._stopping, Rerun):
                 self._say(f"priority STEER: {role}{' ' + task.id if task else ''} runs again now")
                 continue
@@ -153,8 +172,8 @@ class AgentRunner:
         name = f"{role}-{task.id}" if task else role
         # counted here once seeded from the logs (a resume's): the logs are the agents' to
         # delete (a `git clean`), the count is not
-        attempt = self._attempts[(it.number, name)] = 1 + self._attempts.get(
-            (it.number, name), it.runs_of(name))
+        key = (it.number, name)
+        attempt = self._attempts[key] = 1 + self._attempts.get(key, it.runs_of(name))
         files: RunFiles = it.run_files(seq, name)
         env = dict(self._base_env)
         env.update({
@@ -172,13 +191,14 @@ class AgentRunner:
             env["RALPH_TASK_ID"] = task.id
         else:
             env.pop("RALPH_TASK_ID", None)
-        agent = self.config.agent_for(role)   # with the role's overrides
+        agent = self.limits.agent_config(role)   # with the role's overrides
         mcp = None
         if agent.mcp and preset_for(agent).supports_mcp:
             mcp = McpServer(self._ralph[0], [*self._ralph[1:], "mcp"],
                             {k: v for k, v in env.items()
                              if k.startswith("RALPH_") or k in MCP_ENV})
         unit = f"{it.number}/{role}/{task.id if task else ''}"
+        conversation = self._continued(unit, agent)
         guidance = self.mailbox.guidance_for(role, task.id if task else None, unit)
         carried = [e for e in self._gate_notes.pop(role, []) if e not in pending]
         human_events = [{"topic": g["topic"], "payload": g["message"]}
@@ -195,8 +215,29 @@ class AgentRunner:
                                     log_base=files.base,
                                     timeout=agent.timeout_seconds,
                                     ask_timeout=self.config.RObot.timeout_seconds,
-                                    ended=self._end_run, mcp=mcp),
-                         [g["id"] for g in guidance], unit)
+                                    ended=self._end_run, mcp=mcp,
+                                    conversation=conversation, now=self.clock.now),
+                         [g["id"] for g in guidance], unit, agent, key)
+
+    def _continued(self, unit: str, agent: AgentConfig) -> str | None:
+        """The conversation an interrupted run of this step left, to continue on the same
+        backend; any other step starts afresh (a fresh context between tasks)."""
+        cut = self.tracker.metadata.interrupted
+        self.tracker.metadata.interrupted = None
+        if cut is not None and cut.unit == unit and cut.agent == agent.backend.value:
+            self._say(f"continuing the {agent.backend.value} conversation of the interrupted "
+                      f"run")
+            return cut.conversation
+        return None
+
+    def _interrupted(self, prepared: _Prepared, outcome: Outcome) -> None:
+        if outcome.conversation:
+            self.tracker.metadata.interrupted = InterruptedRun(
+                prepared.unit, prepared.agent.backend.value, outcome.conversation)
+
+    def _forget_attempt(self, prepared: _Prepared) -> None:
+        """A run that ended on its CLI's limit was no attempt: the retry has its number."""
+        self._attempts[prepared.attempt] -= 1
 
     def _execute(self, run: RunInfo, inv: Invocation) -> Outcome:
         self._stopping = None

@@ -40,6 +40,10 @@ class Tracker:
         usage.runtime_seconds = round(usage.runtime_seconds + (mono - self._last_mono), 3)
         self._last_mono = mono
 
+    def rest(self) -> None:
+        """The time since the last tick was no work (a usage limit's wait): not counted."""
+        self._last_mono = self.clock.monotonic()
+
     def save(self) -> None:
         """Persist metadata: usage, the session's task counts, a new revision."""
         self.tick()

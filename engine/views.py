@@ -41,6 +41,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "batch": m.batch,
         "pause_reason": reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
+        **_limit_view(m),
         "resume_command": _resume_command(m, pid is not None),
         "tasks": unstructure(_live_counts(it, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
@@ -61,6 +62,39 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "work_dir": session.work_dir,
         "last_events": tail_events(session.dir, last_events),
     }
+
+
+def _limit_view(m) -> dict:
+    """The wait for an agent's usage limit, in words ("waiting for claude's usage limit
+    until 05:00 UTC (2h 13m)") and as data."""
+    w = m.limit_wait
+    if w is None or m.status is not Status.ACTIVE:
+        return {"waiting": None, "limit_wait": None}
+    return {"waiting": describe_limit_wait(w, datetime.now(timezone.utc)),
+            "limit_wait": {"agent": w.agent, "role": w.role, "task": w.task,
+                           "until": w.until.isoformat(), "since": w.since.isoformat(),
+                           "text": w.text, "switched_to": w.switched_to}}
+
+
+def describe_limit_wait(w, now: datetime) -> str:
+    """"waiting for claude's usage limit until 05:00 (2h 13m)" (UTC)."""
+    left = max(0, int((w.until - now).total_seconds()))
+    doing = f"running on {w.switched_to} while {w.agent}'s usage limit lasts" if \
+        w.switched_to else f"waiting for {w.agent}'s usage limit"
+    return f"{doing} until {at_utc(w.until)} ({_span(left)})"
+
+
+def at_utc(t: datetime) -> str:
+    t = t.astimezone(timezone.utc)
+    return t.strftime("%H:%M UTC") if t.second == 0 else t.strftime("%H:%M:%S UTC")
+
+
+def _span(seconds: int) -> str:
+    if seconds >= 3600:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m {seconds % 60}s"
+    return f"{seconds}s"
 
 
 def engine_stopped(pid: int | None) -> bool:
@@ -158,6 +192,13 @@ def status_text(v: dict) -> str:
                      f"meanwhile apply once)")
     if v["pause_reason"]:
         lines.append(f"paused: {printable(v['pause_reason'])}")
+    if v["waiting"]:
+        w = v["limit_wait"]
+        now = f"ralph session resume {v['session_id']} --now"
+        lines.append(f"{v['waiting']}: the {field(w['role'])}"
+                     f"{' ' + field(w['task']) if w['task'] else ''} is retried then ("
+                     + (f"to retry sooner, pause it, then: {now}" if v["running"] else
+                        f"to retry at once: {now}") + f"); it said: {printable(w['text'])}")
     if v["resume_command"]:
         lines.append(f"resume: {v['resume_command']}")
     for q in v["pending_questions"]:
@@ -221,7 +262,7 @@ def list_views(workspace: str) -> list[dict]:
             "session_id": sid, "state": m.orchestrator.state.value, "status": status,
             "previous_state": previous.value if previous else None,
             "running": pid is not None, "engine_stopped": engine_stopped(pid),
-            "iteration": m.iteration, "pause_reason": reason,
+            "iteration": m.iteration, "pause_reason": reason, **_limit_view(m),
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
@@ -245,6 +286,7 @@ def list_text(views: list[dict]) -> str:
         lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
                      f"{_age(v['age_seconds']):>6}{run}"
                      + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
+                     + (f"  — {printable(v['waiting'])}" if v["waiting"] else "")
                      + (f"  — resume: ralph session resume {v['session_id']}"
                         if status == "interrupted" else ""))
     return "\n".join(lines)

@@ -102,6 +102,29 @@ class Observations:
 
 
 @dataclass(slots=True)
+class LimitWait:
+    """The agent CLI hit its usage or rate limit: the step it was on is retried at `until`
+    (kept here so a kill -9 or a pause waits out the same reset)."""
+    agent: str                  # the backend that hit it (claude, codex, ...)
+    role: str
+    task: str | None
+    since: datetime
+    until: datetime
+    text: str                   # the CLI's own words, as one line
+    reset_given: bool = True    # False: the CLI said no reset (agent.limit_wait_seconds)
+    switched_to: str | None = None   # on_limit: switch: the backend running meanwhile
+
+
+@dataclass(slots=True)
+class InterruptedRun:
+    """A run cut short (its CLI's limit, a PAUSE, a priority STEER) whose CLI can continue
+    its conversation: the next run of the same step continues it, on the same backend."""
+    unit: str            # "<iteration>/<role>/<task>"
+    agent: str           # its backend
+    conversation: str    # the CLI's id of the conversation
+
+
+@dataclass(slots=True)
 class SessionMetadata:
     session_id: str
     objective: str
@@ -120,6 +143,8 @@ class SessionMetadata:
     fallback: Observations = field(default_factory=Observations)
     config_path: str | None = None
     completed_at: datetime | None = None
+    limit_wait: LimitWait | None = None
+    interrupted: InterruptedRun | None = None
 
 
 @dataclass(slots=True)

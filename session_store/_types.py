@@ -33,3 +33,4 @@ class PauseKind(enum.Enum):
     QUESTION = "question"  # unanswered question with on_timeout: pause: exit 3
     FAILURE = "failure"    # the work cannot go on without a human: exit 3
     BLOCKER = "blocker"    # the same blocker three times: exit 3
+    USAGE_LIMIT = "usage_limit"   # the agent CLI's usage limit, on_limit: pause: exit 3

@@ -11,13 +11,14 @@ import os
 import shutil
 import sys
 
-from ..config import AgentConfig, Backend, PromptMode
+from ..config import AgentConfig, Backend
 from .. import containment
-from .presets import PRESETS, Command, McpServer, Preset, RunReport, RunSetup
+from .presets import (PRESETS, Command, Demo, McpServer, Preset, RunReport, RunSetup,
+                      UsageLimit)
 from .process import CommandAgent, Invocation, Outcome
 
 __all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "RunSetup",
-           "Preset", "McpServer",
+           "Preset", "McpServer", "UsageLimit",
            "PRESETS", "containment", "make_agent", "preflight", "installed_backend",
            "ralph_argv", "demo_argv"]
 
@@ -30,7 +31,7 @@ def demo_argv(script: str | None) -> list[str]:
 
 def preset_for(config: AgentConfig) -> Preset:
     if config.backend is Backend.DEMO:
-        return Command(demo_argv(config.script), PromptMode.STDIN)
+        return Demo(demo_argv(config.script))
     if config.backend is Backend.COMMAND:
         return Command(config.command, config.prompt_mode)
     return PRESETS[config.backend]

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 
 from session_store import open_beneath
@@ -121,6 +121,34 @@ class Command(Preset):
     def __init__(self, argv: list[str], prompt_mode: PromptMode):
         self.program, self.args = argv[0], tuple(argv[1:])
         self.prompt_mode = prompt_mode
+
+
+class Demo(Command):
+    """The bundled demo agent. It says a usage limit and its conversation's id as a real
+    CLI does (a JSON line each, see engine/demo_agent.py), so every path of the engine's
+    handling is rehearsed with no network and no model."""
+    name = "demo"
+    resumes = True
+
+    def __init__(self, argv: list[str]):
+        super().__init__(argv, PromptMode.STDIN)
+
+    def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        argv = super().argv(extra, setup)
+        return argv + ["--resume", setup.conversation] if setup.conversation else argv
+
+    def limit(self, end: RunEnd) -> UsageLimit | None:
+        said = next((e for e in _json_lines(end.stdout) if e.get("type") == "usage_limit"),
+                    None)
+        if said is None:
+            return None
+        return UsageLimit(epoch_time(said.get("resets_at")),
+                          str(said.get("message") or "usage limit reached"))
+
+    def conversation(self, end: RunEnd) -> str | None:
+        said = next((e for e in _json_lines(end.stdout) if e.get("type") == "conversation"),
+                    None)
+        return str(said["id"])[:200] if said and said.get("id") else None
 
 
 class Claude(Preset):
@@ -320,6 +348,16 @@ def _count(value) -> int:
 def _input_tokens(usage: dict) -> int:
     return sum(_count(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
                                               "cache_read_input_tokens"))
+
+
+def epoch_time(value) -> datetime | None:
+    """An instant a CLI gave in epoch seconds, or None where it is no plausible one (an
+    agent's output may say 10**20, -1, "soon" or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 0 < value < 1e11:   # also false for NaN
+        return None
+    return datetime.fromtimestamp(value, timezone.utc)
 
 
 def reported_usd(value) -> float | None:

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Callable
 
 
@@ -22,7 +23,7 @@ from session_store import open_beneath, read_nofollow
 
 from .. import containment, supervisor
 from ..config import PromptMode
-from .presets import ARG_LIMIT, McpServer, Preset, RunReport, RunSetup
+from .presets import ARG_LIMIT, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class Invocation:
     ask_timeout: float = 600.0               # how long a human question may block a tool
     ended: Callable[[], None] = lambda: None  # the run is over: no event of it is taken
     mcp: McpServer | None = None             # ralph's MCP server, where the CLI takes it
+    conversation: str | None = None          # the CLI's conversation to continue (resumes)
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)   # the engine's clock
 
 
 @dataclass(slots=True)
@@ -48,6 +51,8 @@ class Outcome:
     report: RunReport = field(default_factory=RunReport)
     stderr_tail: str = ""          # its last stderr line (a failing CLI says why there)
     left_behind: int = 0           # processes still running when it ended, then stopped
+    limit: UsageLimit | None = None   # it ended on its CLI's usage or rate limit
+    conversation: str | None = None   # the CLI's id of its conversation (to continue it)
 
 
 class CommandAgent:
@@ -64,7 +69,8 @@ class CommandAgent:
         work_dir = inv.env[containment.SESSION_MARK]
         setup = RunSetup(log_base=inv.log_base, work_dir=work_dir,
                          ask_timeout_seconds=inv.ask_timeout,
-                         mcp=inv.mcp if self.preset.supports_mcp else None)
+                         mcp=inv.mcp if self.preset.supports_mcp else None,
+                         conversation=inv.conversation if self.preset.resumes else None)
         argv = self.preset.argv(self.extra_args, setup)
         stdin_data = None
         mode = self.preset.prompt_mode
@@ -133,8 +139,12 @@ class CommandAgent:
                     outcome.exit_code = held.release()
         outcome.duration = time.monotonic() - started
         outcome.stdout = _read_log(inv.log_base + ".stdout")
-        outcome.stderr_tail = _last_line(_read_log(inv.log_base + ".stderr"))
+        stderr = _read_log(inv.log_base + ".stderr")
+        outcome.stderr_tail = _last_line(stderr)
         outcome.report = self.preset.report(outcome.stdout)
+        end = RunEnd(outcome.stdout, stderr, outcome.exit_code, inv.now())
+        outcome.limit = None if outcome.stopped else self.preset.limit(end)
+        outcome.conversation = self.preset.conversation(end) if self.preset.resumes else None
         return outcome
 
 

@@ -111,6 +111,8 @@ def build_parser():
     p = ssub.add_parser("resume", parents=[common], help="continue a paused or interrupted session")
     p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
     p.add_argument("--message", help="guidance for the next agent invocation")
+    p.add_argument("--now", action="store_true",
+                   help="retry at once a step waiting for its agent's usage limit to reset")
     limit_flags(p)
     p.set_defaults(handler=sessions.cmd_resume)
 

@@ -86,16 +86,17 @@ def cmd_resume(args) -> int:
     cfg.check_paths(config, ws, session.metadata.config_path)
     _preflight(config)
     _apply_limit_flags(session.metadata.limits, args)
-    return _run(session, config, resume=True, message=args.message)
+    return _run(session, config, resume=True, message=args.message, now=args.now)
 
 
-def _run(session, config, *, resume: bool, message: str | None = None) -> int:
+def _run(session, config, *, resume: bool, message: str | None = None,
+         now: bool = False) -> int:
     from ..agents import containment
     from ..driver import Engine
     # this process is the engine: orphans of its agents' runs are its to find and stop
     # (a library or a test running an Engine in-process keeps its own process as it is)
     containment.adopt_orphans()
-    return Engine(session, config).run(resume=resume, message=message)
+    return Engine(session, config).run(resume=resume, message=message, now=now)
 
 
 def _preflight(config) -> None:

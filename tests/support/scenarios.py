@@ -42,10 +42,11 @@ def write_config(ws: Path, config: dict, name: str = "ralph.yml") -> Path:
 
 def demo_config(ws: Path, steps: list[dict], config: dict | None = None) -> Path:
     """scenario.yaml with `steps` and a ralph.yml whose demo agent plays it (plus
-    `config`); returns the ralph.yml."""
+    `config`, its `agent:` keys over the demo's); returns the ralph.yml."""
     scenario = write_scenario(ws, steps)
-    return write_config(ws, {"agent": {"backend": "demo", "script": str(scenario)},
-                             **(config or {})})
+    config = dict(config or {})
+    agent = {"backend": "demo", "script": str(scenario), **config.pop("agent", {})}
+    return write_config(ws, {"agent": agent, **config})
 
 
 def start(ws: Path, steps: list[dict], *, objective: str = "objective", sid: str = "s",

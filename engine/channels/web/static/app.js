@@ -27,7 +27,7 @@ function detailCells(v) {
     h("td", { class: "num" }, money(v.usage)),
     h("td", { class: "num" }, tokens(v.usage)),
     h("td", { title: v.updated_at }, ago(v.updated_at)),
-    h("td", { class: "reason" }, v.pause_reason || "")];
+    h("td", { class: "reason" }, v.pause_reason || v.waiting || "")];
 }
 
 // A row's first cell (its link) stays the same node while the session is listed in the

@@ -26,6 +26,9 @@ function summaryOf(v) {
           : engine === "interrupted" ? "interrupted: no engine runs it" : "")),
     h("p", { class: "objective" }, v.objective),
     v.pause_reason ? h("p", { class: "pause-reason" }, `Paused: ${v.pause_reason}`) : null,
+    v.waiting ? h("p", { class: "limit-wait", id: "limit-wait" },
+      `${v.waiting[0].toUpperCase()}${v.waiting.slice(1)}: the ${v.limit_wait.role}` +
+      `${v.limit_wait.task ? " " + v.limit_wait.task : ""} is retried then`) : null,
     h("p", { class: "facts" },
       `iteration ${v.iteration}, batch ${v.batch} · tasks: ${tasksText(v.tasks)}`),
     v.waiting_signals.length

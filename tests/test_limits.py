@@ -1,0 +1,190 @@
+"""Usage limits of the agent's CLI are waited out, never spent (DESIGN §10, round 3).
+
+The demo agent says a limit as a real CLI does (a JSON line with its reset, exit 1) until
+the instant its scenario names; the engine reads it through the demo's preset, as it reads
+Claude Code's `rate_limit_event` or Codex's usage-limit error (those, with the real CLIs,
+are in test_real_limits.py). Every test here runs the real `ralph` in a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime
+
+from support import (DONE, EVIDENCE, events, finish, metadata, only_session, plan, ralph,
+                     session_dir, start, topics, wait_for, work_dir)
+
+
+def limited_executor(until: float, **limit) -> dict:
+    """The executor's step: at its usage limit until `until` (epoch seconds), then done."""
+    return {"role": "executor", "limit": {"until": until, **limit},
+            "emit": [{"topic": "build.done", "payload": EVIDENCE}]}
+
+
+def started(ws):
+    """The control plane of session `s`, once its metadata is written."""
+    sd = session_dir(ws, "s")
+    wait_for(lambda: (sd / "metadata.yaml").exists(), timeout=30)
+    return sd
+
+
+def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
+    """The outcomes the engine recorded for the task's attempts (one per attempt spent)."""
+    from session_store import load
+    it = load(str(ws), sid).iteration(1)
+    return it.attempt_outcomes(task)
+
+
+def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_path):
+    ws = tmp_path
+    reset = time.time() + 3
+    proc = start(ws, [plan("t1"), limited_executor(reset), *DONE])
+    sd = started(ws)
+    waiting = wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+    # status and list say it, with the agent and the time
+    status = ralph(ws, "session", "status", "s")
+    assert "waiting for demo's usage limit until" in status.stdout, status.stdout
+    assert "the executor t1 is retried then" in status.stdout
+    listed = ralph(ws, "session", "list")
+    assert "waiting for demo's usage limit until" in listed.stdout, listed.stdout
+    view = json.loads(ralph(ws, "session", "status", "s", "--json").stdout)
+    assert view["limit_wait"]["agent"] == "demo" and view["limit_wait"]["task"] == "t1"
+    assert abs(datetime.fromisoformat(waiting["until"]).timestamp() - reset) < 0.01
+    code, out, err = finish(proc, timeout=60)
+    assert code == 0, out + err
+    assert time.time() >= reset
+    # nothing was spent on it: one attempt (done), no retry event, no error, no question
+    assert recorded_attempts(ws, "s") == ["done"]
+    t = topics(sd)
+    assert t.count("limit.reached") == 1 and t.count("limit.over") == 1
+    assert "task.resume" not in t and "fallback.triggered" not in t
+    m = metadata(sd)
+    assert m["fallback"]["errors"] == 0 and m["limit_wait"] is None
+    assert m["status"] == "completed"
+    # the wait was no work: runtime stays below the time spent waiting
+    waited = next(e for e in events(sd) if e["topic"] == "limit.over")["payload"]
+    assert waited["waited_seconds"] >= 2 and m["usage"]["runtime_seconds"] < \
+        waited["waited_seconds"]
+
+
+def test_the_retried_run_continues_the_agents_conversation(tmp_path):
+    ws = tmp_path
+    steps = [plan("t1"),
+             {"role": "executor", "resumed": True,
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+             {"role": "executor", "limit": {"until": time.time() + 2}}, *DONE]
+    code = start(ws, steps, wait=True).returncode
+    sd = only_session(ws)
+    assert code == 0
+    logs = sorted((work_dir(sd) / "iterations" / "1" / "logs").glob("*-executor-t1.stdout"))
+    ids = [json.loads(p.read_text().splitlines()[0])["id"] for p in logs]
+    assert len(ids) == 2 and ids[0] == ids[1]   # the same conversation, continued
+    # a new task starts afresh (the reviewer's run is a conversation of its own)
+    reviewer = next((work_dir(sd) / "iterations" / "1" / "logs").glob("*-reviewer-t1.stdout"))
+    assert json.loads(reviewer.read_text().splitlines()[0])["id"] != ids[0]
+
+
+def test_kill_9_during_the_wait_and_resume_waits_for_the_same_reset(tmp_path):
+    ws = tmp_path
+    reset = time.time() + 6
+    proc = start(ws, [plan("t1"), limited_executor(reset), *DONE])
+    sd = started(ws)
+    before = wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    listed = ralph(ws, "session", "list")
+    assert "interrupted" in listed.stdout and "waiting for demo's usage limit" in listed.stdout
+    resumed = ralph(ws, "session", "resume", "s", timeout=60)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert time.time() >= reset
+    # the same wait: one limit reached, its end recorded once, against the same reset
+    assert topics(sd).count("limit.reached") == 1
+    over = [e for e in events(sd) if e["topic"] == "limit.over"]
+    assert len(over) == 1 and over[0]["payload"]["why"] == "the limit reset"
+    assert before["until"] in resumed.stdout or "waiting for demo's usage limit" in resumed.stdout
+    assert recorded_attempts(ws, "s") == ["done"]
+
+
+def test_pause_acts_at_once_during_the_wait_and_resume_now_retries_at_once(tmp_path):
+    ws = tmp_path
+    # the CLI says its limit lasts an hour; it is over in two seconds
+    steps = [plan("t1"), limited_executor(time.time() + 2, says=time.time() + 3600), *DONE]
+    proc = start(ws, steps)
+    sd = started(ws)
+    wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+    asked = time.monotonic()
+    assert ralph(ws, "signal", "pause", "stop for now", "--session", "s").returncode == 0
+    code, out, err = finish(proc, timeout=30)
+    assert code == 3 and time.monotonic() - asked < 10, out + err
+    assert metadata(sd)["limit_wait"] is not None   # still waiting for its reset
+    time.sleep(2)
+    resumed = ralph(ws, "session", "resume", "s", "--now", timeout=60)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    over = [e["payload"]["why"] for e in events(sd) if e["topic"] == "limit.over"]
+    assert over == ["ralph session resume --now"]
+    assert recorded_attempts(ws, "s") == ["done"]
+
+
+def test_no_reset_said_waits_the_configured_time_and_max_caps_a_long_one(tmp_path):
+    ws = tmp_path
+    # no reset said: agent.limit_wait_seconds; said an hour: at most max_limit_wait_seconds
+    steps = [plan("t1", "t2"),
+             {"role": "executor", "task": "t1", "limit": {"until": time.time() + 3,
+                                                           "reset": False},
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]},
+             {"role": "executor", "task": "t2", "limit": {"until": time.time() + 7,
+                                                           "says": time.time() + 3600},
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]}, *DONE]
+    done = start(ws, steps, config={"agent": {"limit_wait_seconds": 2,
+                                               "max_limit_wait_seconds": 2}}, wait=True)
+    sd = only_session(ws)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reached = [e["payload"] for e in events(sd) if e["topic"] == "limit.reached"]
+    assert reached[0]["task"] == "t1" and reached[0]["reset"] is None
+    waits = [datetime.fromisoformat(p["retry_at"]).timestamp() -
+             datetime.fromisoformat(e["ts"]).timestamp()
+             for p, e in zip(reached, [e for e in events(sd) if e["topic"] == "limit.reached"])]
+    assert all(1.5 < w <= 2.1 for w in waits), waits
+    assert any(p["task"] == "t2" for p in reached[1:])
+    assert recorded_attempts(ws, "s", "t1") == ["done"]
+    assert recorded_attempts(ws, "s", "t2") == ["done"]
+
+
+def test_on_limit_pause_pauses_the_session_and_resume_retries(tmp_path):
+    ws = tmp_path
+    steps = [plan("t1"), limited_executor(time.time() + 2), *DONE]
+    paused = start(ws, steps, config={"agent": {"on_limit": "pause"}}, wait=True)
+    sd = only_session(ws)
+    assert paused.returncode == 3, paused.stdout + paused.stderr
+    m = metadata(sd)
+    assert m["orchestrator"]["pause_kind"] == "usage_limit"
+    assert "demo hit its usage limit" in m["orchestrator"]["pause_reason"]
+    time.sleep(2)
+    resumed = ralph(ws, "session", "resume", "s", timeout=60)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert recorded_attempts(ws, "s") == ["done"]
+
+
+def test_on_limit_switch_runs_the_step_on_the_fallback_until_the_reset(tmp_path):
+    ws = tmp_path
+    fallback_script = ws / "fallback.yaml"
+    fallback_script.write_text(json.dumps({"steps": [
+        {"role": "executor", "emit": [{"topic": "build.done",
+                                        "payload": EVIDENCE + ", by: fallback"}]}, *DONE]}))
+    steps = [plan("t1", "t2"), limited_executor(time.time() + 3600), *DONE]
+    config = {"agent": {"on_limit": "switch", "limit_fallback": {
+        "backend": "command", "command": [sys.executable, "-P", "-m", "engine.demo_agent",
+                                          "--script", str(fallback_script)]}}}
+    done = start(ws, steps, config=config, wait=True)
+    sd = only_session(ws)
+    assert done.returncode == 0, done.stdout + done.stderr
+    built = [e["payload"] for e in events(sd) if e["topic"] == "build.done"]
+    assert built and all("by: fallback" in b for b in built), built
+    reached = [e["payload"] for e in events(sd) if e["topic"] == "limit.reached"]
+    assert reached[0]["action"] == "switch" and reached[0]["switched_to"] == "command"
+    assert len(reached) == 1   # t2 went straight to the fallback while the limit lasts
+    assert recorded_attempts(ws, "s", "t1") == ["done"]
+    assert "runs on command until" in done.stdout
