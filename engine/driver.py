@@ -18,7 +18,6 @@ COMPLETE or PAUSED; then the exit code.
 from __future__ import annotations
 
 import sys
-import threading
 
 from session_store import (DiskFault, PauseKind, Session, State, Status, acquire_lock,
                            engine_watch_paths)
@@ -34,6 +33,7 @@ from .context import Work
 from .humans import Assessor, BlockerLedger, HumanDesk, RunQuestions
 from .inlet import Inlet
 from .knowledge import KnowledgeKeeper
+from .lanes import EngineLock, Wakeups
 from .limits import LimitKeeper
 from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode, watch
@@ -49,7 +49,9 @@ class Engine:
         self.session = session
         self.config = config
         self.clock = clock or SystemClock()
-        self.wakeup = threading.Event()   # set by the mailbox watcher and by agents exiting
+        # one thread at a time runs the engine; a wait lets go (engine/lanes.py)
+        self.lock = EngineLock()
+        self.wakeup = Wakeups(self.lock)   # set by the mailbox watcher and by agents exiting
         self.tracker = tracker = Tracker(session, self.clock)
         self.console = Console(out or sys.stdout, self.clock,
                                status=lambda: tracker.status_line(self.runner.activity))
@@ -85,8 +87,9 @@ class Engine:
         self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback,
                                     outside_allowed=outside)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]
-        runner.run_ended += [lambda unit: asked.end_run(), desk.release_in_run_questions,
-                             lambda unit: desk.announce()]
+        runner.run_ended += [lambda unit, run: asked.end_run(run),
+                             lambda unit, run: desk.release_in_run_questions(unit),
+                             lambda unit, run: desk.announce()]
         runner.woken += [asked.serve, desk.announce]
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
@@ -113,6 +116,7 @@ class Engine:
         `message` (resume --message) reaches the next run; `now` (resume --now) ends the
         wait for an agent's usage limit: the step is retried at once."""
         lease = acquire_lock(self.session.dir, self.session.id)
+        self.lock.acquire()
         try:
             if message:
                 self.mailbox.add_message(message)
@@ -130,6 +134,7 @@ class Engine:
             finally:
                 self.inlet.stop()
         finally:
+            self.lock.release()
             lease.release()
 
     def _run(self, resume: bool) -> int:

@@ -41,13 +41,12 @@ class Inlet:
         self._on_ask = on_ask            # -> a reply now (refused), or None (the desk replies)
         self._on_ask_gone = on_ask_gone
         self._on_poll = on_poll
-        self._run: RunInfo | None = None
+        self._runs: dict[str, RunInfo] = {}   # the open runs (several in a parallel batch)
         self._presence: int | None = None
         self._replied = True   # replies may be in the inbox (a dead engine's, say)
 
-    @property
-    def run(self) -> RunInfo | None:
-        return self._run
+    def is_open(self, run_id: str) -> bool:
+        return run_id in self._runs
 
     def start(self) -> None:
         """Hold the work area (agents' tools see an engine), refuse what a dead engine's
@@ -60,7 +59,7 @@ class Inlet:
                 self._refuse(line, request, line.problem or (
                     "its run ended with the engine that ran it" if request.get("run")
                     else "no engine was running the session to take it"))
-            self._outbox.reset(None, self._take)
+            self._outbox.reset([], self._take)
         except BaseException:
             os.close(self._presence)
             self._presence = None
@@ -73,17 +72,17 @@ class Inlet:
         self.session.work.close()
 
     def open_run(self, run: RunInfo) -> None:
-        """From now on, lines of `run` are taken as its role's (and of no other run)."""
+        """From now on, lines of `run` are taken as its role's (each run's as its own)."""
         if self._presence is None:   # a runner driven without the engine's loop (a test's)
             self.start()
         self._reclaim()
-        self._outbox.reset(run.id, self._take)
-        if self._replied:   # the replies of the run before: nobody waits for them now
+        self._outbox.reset([*self._runs, run.id], self._take)
+        if self._replied and not self._runs:   # replies of runs before: nobody waits now
             self.session.work.clear(outbox.INBOX)
             self._replied = False
         else:   # there for the run's tools to watch (made anew if removed or swapped)
             os.close(self.session.work.dir_fd(outbox.INBOX))
-        self._run = run
+        self._runs[run.id] = run
 
     def _reclaim(self) -> None:
         """The work area as the last run left it: whatever it removed or swapped for a
@@ -95,16 +94,17 @@ class Inlet:
             os.close(self._presence)
             self._presence = hold_engine_lock(work)
 
-    def close_run(self) -> None:
+    def close_run(self, run_id: str) -> None:
         """The run is over: what it sent until now is taken, nothing after."""
+        others = [r for r in self._runs if r != run_id]
         try:
             try:
-                self._outbox.reset(None, self._take)
+                self._outbox.reset(others, self._take)
             except FileNotFoundError:   # the run removed its work area: made again
                 self._reclaim()
-                self._outbox.reset(None, self._take)
+                self._outbox.reset(others, self._take)
         finally:
-            self._run = None
+            self._runs.pop(run_id, None)
 
     def drain(self) -> None:
         """Take what arrived since the last look (on every wakeup while an agent runs)."""
@@ -125,11 +125,15 @@ class Inlet:
         request = line.request
         if request is None:
             return self._refuse(line, {}, line.problem)
-        claimed, run = request.get("run"), self._run
-        if request["kind"] == "ask.gone" and (run is None or claimed != run.id):
+        claimed = request.get("run")
+        run = self._runs.get(claimed) if isinstance(claimed, str) else None
+        if request["kind"] == "ask.gone" and run is None:
             return   # a stopped run's asker giving up: its question was released already
-        if claimed is not None and (run is None or claimed != run.id):
-            why = f"run {claimed} is over" + (f"; run {run.id} is running now" if run else "")
+        if claimed is not None and run is None:
+            open_runs = list(self._runs)
+            why = f"run {claimed} is over" + (
+                f"; run {open_runs[0]} is running now" if len(open_runs) == 1 else
+                f"; runs {', '.join(open_runs)} are running now" if open_runs else "")
             return self._refuse(line, request, why)
         kind = request["kind"]
         if claimed is None and kind != "refusal":
@@ -165,8 +169,8 @@ class Inlet:
 
     def _refuse(self, line: OutboxLine, request: dict, why: str) -> None:
         claimed = request.get("run")
-        run = self._run
-        source = run.role if run is not None and claimed == run.id else "unknown"
+        run = self._runs.get(claimed) if isinstance(claimed, str) else None
+        source = run.role if run is not None else "unknown"
         payload = {"kind": request.get("kind"), "topic": _short(request.get("topic")),
                    "why": why}
         shown = request.get("payload")

@@ -55,6 +55,20 @@ class RunResult:
 Observer = Callable[[RunResult], "Next | None"]
 
 
+class Batch:
+    """What the lanes of a parallel batch share: the PAUSE or ABORT one of them took,
+    which stops every lane's run."""
+
+    def __init__(self, wakeup):
+        self.stop: Next | None = None
+        self._wakeup = wakeup
+
+    def stopped(self, decision: Next) -> None:
+        if self.stop is None:
+            self.stop = decision
+            self._wakeup.set()
+
+
 @dataclass(slots=True)
 class _Prepared:
     invocation: Invocation
@@ -81,7 +95,8 @@ class AgentRunner:
         self._say = say
         self.clock = clock
         self.observers: list[Observer] = []
-        self.run_ended: list[Callable[[str], None]] = []   # each gets the run's unit of work
+        # each gets the run's unit of work and its id
+        self.run_ended: list[Callable[[str, str], None]] = []
         self.woken: list[Callable[[], None]] = []   # run on every wakeup while an agent runs
         self.skip_cooldown = False     # a human answered: the next run starts at once
         self.current_task: PlannedTask | None = None
@@ -90,6 +105,9 @@ class AgentRunner:
         self._gate_notes: dict[str, list[dict]] = {}   # role -> what the gates did to its run
         self._last_run_ended: float | None = None
         self._stopping: Next | Rerun | None = None
+        self._open_run: str | None = None     # the run whose outbox lines are taken now
+        self.tree = session.workspace   # where its agents work (a lane's: its worktree)
+        self.batch: Batch | None = None    # a parallel batch's lanes share its stop
         self._bus = session.events_after(None)
         self._attempts: dict[tuple[int, str], int] = {}   # (iteration, role[-task]): runs
         self._ralph = ralph_argv()
@@ -102,7 +120,8 @@ class AgentRunner:
             pending: list[dict] | None = None) -> RoleRun | Next:
         """One agent invocation (again at once after a priority STEER). Its events come
         back gated."""
-        if stop := self._admit() or self.limits.wait_out() or self._cool_down():
+        if stop := self._batch_stopped() or self._admit() or self.limits.wait_out() \
+                or self._cool_down():
             return stop
         self.current_task = task
         while True:
@@ -111,7 +130,7 @@ class AgentRunner:
                                             role, task.id if task else None),
                                     prepared.invocation)
             for ended in self.run_ended:
-                ended(prepared.unit)
+                ended(prepared.unit, prepared.invocation.env[containment.RUN_MARK])
             if not outcome.stopped and not outcome.limit:
                 break
             # a run cut short is continued where its CLI can (a resume, a limit, a STEER)
@@ -177,7 +196,7 @@ class AgentRunner:
         files: RunFiles = it.run_files(seq, name)
         env = dict(self._base_env)
         env.update({
-            "RALPH_WORKSPACE": self.session.workspace, "RALPH_SESSION_ID": self.session.id,
+            "RALPH_WORKSPACE": self.tree, "RALPH_SESSION_ID": self.session.id,
             "RALPH_SESSION_DIR": self.session.work_dir, "RALPH_ROLE": role,
             # read-only for agents (a sandboxed one cannot write there): a poll's quick look
             "RALPH_CONTROL_DIR": self.session.dir,
@@ -211,7 +230,7 @@ class AgentRunner:
         it.write_prompt(files, text)
         self.activity = f"{role}{' ' + task.id if task else ''} (attempt {attempt})"
         self._say(f"{self.tracker.state} iteration {it.number}: {self.activity}")
-        return _Prepared(Invocation(role=role, prompt=text, env=env, cwd=self.session.workspace,
+        return _Prepared(Invocation(role=role, prompt=text, env=env, cwd=self.tree,
                                     log_base=files.base,
                                     timeout=agent.timeout_seconds,
                                     ask_timeout=self.config.RObot.timeout_seconds,
@@ -243,6 +262,7 @@ class AgentRunner:
         self._stopping = None
         role = run.role
         self.inlet.open_run(run)
+        self._open_run = run.id
         try:
             outcome = self._agent_for(role).run(inv, self.wakeup, self._stop_requested)
         finally:
@@ -257,17 +277,36 @@ class AgentRunner:
 
     def _end_run(self) -> None:
         """The run is over: what it emits from now on is refused."""
-        if self.inlet.run is not None:
-            self.inlet.close_run()
+        if self._open_run is not None:
+            run, self._open_run = self._open_run, None
+            self.inlet.close_run(run)
 
     def _stop_requested(self) -> str | None:
         """Asked by the backend whenever it wakes: what its agent sent (the outbox), then
-        PAUSE / ABORT / a priority STEER."""
+        PAUSE / ABORT / a priority STEER (a PAUSE or ABORT another lane took stops this
+        lane's run too)."""
         self.inlet.drain()
         for woken in self.woken:
             woken()
-        self._stopping = self.mailbox.poll(Mode.AGENT)
+        self._stopping = self._batch_stopped() or self.mailbox.poll(Mode.AGENT)
+        if self.batch is not None and isinstance(self._stopping, Next):
+            self.batch.stopped(self._stopping)
         return self._stopping.reason if self._stopping else None
+
+    def _batch_stopped(self) -> Next | None:
+        return self.batch.stop if self.batch is not None else None
+
+    def lane(self, tree: str, batch: "Batch") -> "AgentRunner":
+        """A runner for one lane of a parallel batch: the same parts and observers, its
+        own runs, in its own worktree."""
+        lane = AgentRunner(self.session, self.tracker, self.config, self.mailbox,
+                           self.inlet, self.limits, agent_for=self._agent_for,
+                           admit=self._admit, wakeup=self.wakeup, say=self._say,
+                           clock=self.clock)
+        lane.observers, lane.run_ended, lane.woken = self.observers, self.run_ended, self.woken
+        lane._attempts = self._attempts
+        lane.tree, lane.batch = tree, batch
+        return lane
 
     def _collect(self, role: str, task: PlannedTask | None, outcome: Outcome,
                  run_id: str) -> RunResult:

@@ -7,8 +7,8 @@ source, the role, the iteration are the engine's own, from the run it opened), a
 records what it accepts on the bus. Replies a tool waits for (an answer, a poll) come
 back as `inbox/<request id>.json`.
 
-The first line is the engine's header: which run is open now, and a phase id. Opening
-or closing a run reads what is left and records it, then truncates the file and writes a
+The first line is the engine's header: which runs are open now (one, or a parallel
+batch's), and a phase id. Opening or closing a run reads what is left and records it, then truncates the file and writes a
 new header, all under the lock every appender takes: once a run is closed, nothing it
 appends is taken as its. Each record the engine makes of a line says where it came from
 (`via`: [phase, offset after the line]), so after a crash the engine knows which lines it
@@ -100,10 +100,12 @@ def not_heard(work_dir: str, head: dict | None, run: str | None) -> str | None:
     """Why a request of `run` (None: from outside any run) is not taken now, else None."""
     if head is None or not engine_alive(work_dir):
         return "no engine runs this session (it stopped or died)"
-    if run is not None and head.get("run") != run:
-        open_run = head.get("run")
-        return (f"run {run} is over (the engine stopped it or it finished); "
-                f"{'run ' + str(open_run) + ' is running now' if open_run else 'no run is open'}")
+    runs = head.get("runs")
+    runs = [str(r) for r in runs] if isinstance(runs, list) else []
+    if run is not None and run not in runs:
+        now = "no run is open" if not runs else f"run {runs[0]} is running now" \
+            if len(runs) == 1 else f"runs {', '.join(runs)} are running now"
+        return f"run {run} is over (the engine stopped it or it finished); {now}"
     return None
 
 
@@ -215,11 +217,11 @@ class Outbox:
         finally:
             os.close(fd)
 
-    def reset(self, run: str | None, take) -> None:
-        """Open `run` (None: close the one open). The lines not read yet are handed to
-        `take` first (as the old phase's), under the lock, before the file is emptied: a
-        crash in between leaves them, and their records' `via`, for `recover`. Then a new
-        phase begins, empty."""
+    def reset(self, runs: list[str], take) -> None:
+        """The runs open from now on (several: a parallel batch's). The lines not read yet
+        are handed to `take` first (as the old phase's), under the lock, before the file
+        is emptied: a crash in between leaves them, and their records' `via`, for
+        `recover`. Then a new phase begins, empty."""
         path = outbox_path(self._work.path)
         fd = self._work_fd()
         try:
@@ -227,7 +229,7 @@ class Outbox:
             if self._phase is not None:
                 take(self._read(fd))
             self._phase = os.urandom(6).hex()
-            head = (json.dumps({"phase": self._phase, "run": run, "engine": os.getpid(),
+            head = (json.dumps({"phase": self._phase, "runs": runs, "engine": os.getpid(),
                                 "max_event_bytes": self.max_bytes}) + "\n").encode()
             with disk(path):
                 os.ftruncate(fd, 0)

@@ -386,7 +386,7 @@ def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
         last = events(sd)[-1]
         assert (last["topic"], last["source"]) == ("human.note", "cli") and "run" not in last
 
-        inlet.close_run()
+        inlet.close_run("r1")
         line = refused_line(emit_as(ws, sd, "r1", "x.y", "after close"))
         assert "run r1 is over" in line and "no run is open" in line
         inlet.drain()
@@ -451,7 +451,7 @@ def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
         (ws / "go").touch()
         wait_for(lambda: posted.read_bytes().count(b'"race.tick"') >= 200, timeout=20)
         inlet.drain()   # the engine reads while they post (as on every wakeup of a run)
-        inlet.close_run()
+        inlet.close_run("r1")
         results = []
         for p in racers:
             out, err = p.communicate(timeout=30)

@@ -135,7 +135,7 @@ def test_an_event_of_a_run_that_is_over_is_refused(workspace, session):
                 return await s.call_tool("emit", {"topic": "build.done", "payload": EVIDENCE})
         live = anyio.run(go, "0007-executor-t1")
         inlet.drain()
-        inlet.close_run()
+        inlet.close_run("0007-executor-t1")
         late = anyio.run(go, "0007-executor-t1")
         inlet.drain()
     finally:

@@ -257,7 +257,7 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
         asked.set()
         thread.join(5)
         assert reply == {"answered": False, "default": "left"}
-    engine.run_questions.end_run()
+    engine.run_questions.end_run(run.id)
     assert True in marked and False in marked, marked   # both orders happened
     asked_ = questions.questions(sdir)
     assert len(asked_) == len(offsets)

@@ -31,8 +31,8 @@ class RunQuestions:
         self._state = state
         self._reply = reply                 # (request id, reply): into the asker's inbox
         self._wakeup = wakeup
-        self._waiting: dict[str, str] = {}  # question id -> the request id of its asker
-        self._timers: list[threading.Timer] = []
+        self._waiting: dict[str, tuple[str, str]] = {}  # question id -> (request id, run)
+        self._timers: dict[str, list[threading.Timer]] = {}   # run -> its deadlines
 
     def ask(self, request: dict, run, via: list) -> dict | None:
         """A run's question: asked now, or {"refused": why}."""
@@ -54,18 +54,18 @@ class RunQuestions:
         self.session.append_event("human.question", {
             "id": question.id, "text": question.text, "in_run": True,
             "deadline": question.deadline.isoformat()}, source=run.role, run=run.id, via=via)
-        self._waiting[question.id] = request["id"]
+        self._waiting[question.id] = (request["id"], run.id)
         timer = threading.Timer(timeout, self._wakeup.set)   # its deadline wakes the engine
         timer.daemon = True
         timer.start()
-        self._timers.append(timer)
+        self._timers.setdefault(run.id, []).append(timer)
         self._announce(question)
         return None
 
     def gone(self, request_id: str) -> None:
         """The asker stopped waiting (its call was cancelled): the question stays
         answerable; its answer goes to the unit's next run."""
-        for qid, rid in list(self._waiting.items()):
+        for qid, (rid, _) in list(self._waiting.items()):
             if rid == request_id:
                 del self._waiting[qid]
                 try:
@@ -78,7 +78,7 @@ class RunQuestions:
         """Answers and passed deadlines of the questions askers wait for, each written
         back to its asker (on every wakeup while an agent runs)."""
         d = self.session.dir
-        for qid, rid in list(self._waiting.items()):
+        for qid, (rid, _) in list(self._waiting.items()):
             try:
                 question = questions.load_question(d, qid)
                 answer = questions.read_answer(d, qid)
@@ -104,12 +104,14 @@ class RunQuestions:
                 continue
             del self._waiting[qid]
 
-    def end_run(self) -> None:
-        """The run is over: nobody waits any more (the desk releases its questions)."""
-        self._waiting.clear()
-        for timer in self._timers:
+    def end_run(self, run_id: str) -> None:
+        """The run is over: nobody of it waits any more (the desk releases its
+        questions)."""
+        for qid, (_, run) in list(self._waiting.items()):
+            if run == run_id:
+                del self._waiting[qid]
+        for timer in self._timers.pop(run_id, []):
             timer.cancel()
-        self._timers.clear()
 
 
 def _problem(request: dict) -> str | None:
