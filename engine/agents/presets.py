@@ -9,12 +9,14 @@ here, before a session is created.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timezone
-
+from datetime import date, datetime, time, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 from session_store import open_beneath
 
@@ -142,7 +144,7 @@ class Demo(Command):
                     None)
         if said is None:
             return None
-        return UsageLimit(epoch_time(said.get("resets_at")),
+        return UsageLimit(_epoch(said.get("resets_at"), end.now),
                           str(said.get("message") or "usage limit reached"))
 
     def conversation(self, end: RunEnd) -> str | None:
@@ -162,10 +164,15 @@ class Claude(Preset):
     price_per_mtok = (3.0, 15.0)
     refused_as_root = ("--dangerously-skip-permissions",)
     supports_mcp = True
+    resumes = True
     BASH_TIMEOUT_MS = (120_000, 600_000)     # its Bash tool's default and maximum
+    # "You've hit your 5-hour limit · resets 10:16pm (UTC)", "resets Nov 29, 11:17pm (...)"
+    RESETS = re.compile(r"resets (?:(?P<mon>[A-Z][a-z]{2}) (?P<day>\d{1,2}), "
+                        r"(?:(?P<year>\d{4}), )?)?(?P<h>\d{1,2})(?::(?P<m>\d{2}))?"
+                        r"(?P<ap>am|pm) \((?P<tz>[A-Za-z0-9_+/-]{1,64})\)")
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
-        argv = [self.program, *self.args, *extra]
+        argv = [self.program, *self.args, *_resume("--resume", setup), *extra]
         if setup.mcp is not None:
             # its tools allowed by name, like Bash; the config in a file of the run's logs
             config = setup.log_base + ".mcp.json"
@@ -211,6 +218,45 @@ class Claude(Preset):
         return RunReport(text=text, input_tokens=sum(i for i, _ in per_message.values()),
                          output_tokens=sum(o for _, o in per_message.values()))
 
+    def limit(self, end: RunEnd) -> UsageLimit | None:
+        """stream-json: a subscriber's limit is a `rate_limit_event` whose status is
+        `rejected`, its reset in epoch seconds (`resetsAt`), and an error message "You've
+        hit your ... limit · resets <time> (<tz>)"; with an API key, a 429 and no reset.
+        An `allowed` event, or a result that is no error, is a run the limit did not stop."""
+        now = _aware(end.now)
+        limited, until, said = False, None, ""
+        for event in _json_lines(end.stdout):
+            kind = event.get("type")
+            if kind == "rate_limit_event":
+                info = _dict(event.get("rate_limit_info"))
+                if info.get("status") == "rejected":
+                    limited = True
+                    until = _epoch(info.get("resetsAt"), now) or until
+            elif kind in ("assistant", "result") and (
+                    event.get("api_error") == "usage_limit_reached"
+                    or event.get("api_error_status") == 429
+                    and (event.get("error") == "rate_limit" or event.get("is_error") is True)):
+                limited = True
+                info = _dict(_dict(event.get("api_error_params")).get("rate_limit_info"))
+                until = _epoch(info.get("resetsAt"), now) or until
+                said = _claude_words(event) or said
+            if kind == "result" and event.get("is_error") is not True:
+                limited, until = False, None
+        if not limited:
+            return None
+        if until is None:
+            found = self.RESETS.search(said)
+            until = _clock(found, found["tz"], now) if found else None
+        return UsageLimit(until, _words(said or "rate limit rejected"))
+
+    def conversation(self, end: RunEnd) -> str | None:
+        """Every stream-json line carries the session's id, the init line first."""
+        for event in _json_lines(end.stdout):
+            found = _conversation_id(event.get("session_id"))
+            if found:
+                return found
+        return None
+
 
 class Codex(Preset):
     """OpenAI Codex CLI (`codex exec`). Outside a git repository it needs
@@ -224,6 +270,13 @@ class Codex(Preset):
             "--color", "never")
     price_per_mtok = (1.25, 10.0)
     supports_mcp = True
+    resumes = True
+    HIT = re.compile(r"You[’']ve hit your usage limit")
+    # other 429s (a rate limit with no retry-after): it gives up at once, with no reset
+    GAVE_UP = re.compile(r"exceeded retry limit, last status: 429")
+    TRY_AGAIN = re.compile(r"[Tt]ry again at (?:(?P<mon>[A-Z][a-z]{2}) (?P<day>\d{1,2})"
+                           r"(?:st|nd|rd|th), (?P<year>\d{4}) )?(?P<h>\d{1,2}):(?P<m>\d{2}) "
+                           r"(?P<ap>AM|PM)")
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
         wiring = []
@@ -239,7 +292,13 @@ class Codex(Preset):
                                # its calls need no approval (exec's policy is `never`)
                                ("default_tools_approval_mode", '"approve"')):
                 wiring += ["-c", f"{server}{key}={value}"]
-        return [self.program, *self.args, *wiring, *extra, "-"]   # "-": the prompt on stdin
+        # `resume` takes exec's flags before it (it refuses --sandbox and --color after)
+        return [self.program, *self.args, *wiring, *extra,
+                *_resume("resume", setup), "-"]   # "-": the prompt on stdin
+
+    def env(self, setup: RunSetup) -> dict[str, str]:
+        # it says when a usage limit resets in its local time, without the zone
+        return {"TZ": "UTC"}
 
     def report(self, stdout: str) -> RunReport:
         text, inp, out = "", 0, 0
@@ -254,6 +313,31 @@ class Codex(Preset):
                 out += _count(usage.get("output_tokens"))
         return RunReport(text=text, input_tokens=inp, output_tokens=out)
 
+    def limit(self, end: RunEnd) -> UsageLimit | None:
+        """--json says a usage limit only in words: "You’ve hit your usage limit. ... try
+        again at 10:10 PM." (in UTC: env), or "Try again at Nov 27th, 2026 10:10 PM."."""
+        said = None
+        for event in _json_lines(end.stdout):
+            kind = event.get("type")
+            message = event.get("message") if kind == "error" else \
+                _dict(event.get("error")).get("message") if kind == "turn.failed" else None
+            if isinstance(message, str) and (self.HIT.search(message)
+                                             or self.GAVE_UP.search(message)):
+                said = message
+            elif kind == "turn.completed":
+                said = None
+        if said is None:
+            return None
+        found = self.TRY_AGAIN.search(said) if self.HIT.search(said) else None
+        until = _clock(found, "UTC", _aware(end.now)) if found else None
+        return UsageLimit(until, _words(said))
+
+    def conversation(self, end: RunEnd) -> str | None:
+        for event in _json_lines(end.stdout):
+            if event.get("type") == "thread.started":
+                return _conversation_id(event.get("thread_id"))
+        return None
+
 
 class Gemini(Preset):
     """Gemini CLI, headless: the prompt on stdin, `-p` adds a line after it."""
@@ -263,6 +347,54 @@ class Gemini(Preset):
     args = ("--approval-mode", "yolo", "--skip-trust", "--output-format", "json",
             "-p", "Follow the instructions above.")
     price_per_mtok = (1.25, 10.0)
+    resumes = True
+    LIMIT_EXIT = 173     # it exits with the HTTP status, 429, which the shell sees mod 256
+    # the delay the API asked for, relative; a daily quota says none
+    RETRY = re.compile(r"(?:Suggested retry after|Please retry in) ([0-9]{1,12}(?:\.[0-9]{1,9})?)"
+                       r"(ms|s)\b")
+
+    def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        return [self.program, *self.args, *_resume("--resume", setup), *extra]
+
+    def limit(self, end: RunEnd) -> UsageLimit | None:
+        """A 429 it gave up on: exit 173 and, on stderr after its stack dumps, {"session_id",
+        "error": {"message", "code": 429}}; the message may end "Suggested retry after 400s."."""
+        error = _dict(_json_document(end.stdout, end.stderr).get("error"))
+        if end.exit_code != self.LIMIT_EXIT and error.get("code") != 429:
+            return None
+        said = error.get("message")
+        said = said if isinstance(said, str) else end.stderr[-2000:].strip()
+        delays = self.RETRY.findall(said)
+        until = None
+        if delays:
+            amount, unit = delays[-1]
+            seconds = float(amount) / (1000 if unit == "ms" else 1)
+            if seconds <= MAX_AHEAD.total_seconds():
+                until = _aware(end.now) + timedelta(seconds=seconds)
+        return UsageLimit(until, _words(said or "rate limit (429)"))
+
+    def conversation(self, end: RunEnd) -> str | None:
+        """The json output's session_id, if the CLI can resume that session: one the model
+        has answered in (after a limit on the first request it keeps only the prompt, and
+        `--resume` says "No previous sessions found")."""
+        found = _conversation_id(_json_document(end.stdout, end.stderr).get("session_id"))
+        return found if found and self._answered(found) else None
+
+    @staticmethod
+    def _answered(session: str) -> bool:
+        # ~/.gemini/tmp/<project>/chats/session-<time>-<first 8 of its id>.jsonl, JSON
+        # lines without spaces; a model's message is {"type":"gemini",...} (in a string
+        # those quotes would be escaped)
+        home = os.environ.get("GEMINI_CLI_HOME") or os.path.expanduser("~")
+        for path in glob.glob(os.path.join(glob.escape(home), ".gemini", "tmp", "*", "chats",
+                                           f"session-*-{session[:8]}.json*")):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as chat:
+                    if any('"type":"gemini"' in line for line in chat):
+                        return True
+            except OSError:
+                continue
+        return False
 
     def report(self, stdout: str) -> RunReport:
         """--output-format json: {"response": ..., "stats": {"models": {m: {"tokens":
@@ -339,6 +471,110 @@ def _json_lines(text: str):
                 yield value
 
 
+def _json_document(*texts: str) -> dict:
+    """The last JSON object printed over several lines that starts a line (Gemini's, after
+    its banners and stack dumps), from the first text that has one; else {}."""
+    decoder = json.JSONDecoder()
+    for text in texts:
+        end = len(text)
+        for _ in range(20):   # a bounded search back through the text's `{` lines
+            start = text.rfind("\n{", 0, end)
+            at = start + 1 if start != -1 else (0 if text.startswith("{") else -1)
+            if at == -1:
+                break
+            try:
+                value, _ = decoder.raw_decode(text, at)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                return value
+            if at == 0:
+                break
+            end = start
+    return {}
+
+
+def _claude_words(event: dict) -> str:
+    """What an assistant or result line says (a limit's message is its only text)."""
+    if event.get("type") == "result":
+        said = event.get("result")
+        return said if isinstance(said, str) else ""
+    blocks = _dict(event.get("message")).get("content")
+    return "".join(b["text"] for b in blocks if isinstance(b, dict)
+                   and isinstance(b.get("text"), str)) if isinstance(blocks, list) else ""
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def _conversation_id(value) -> str | None:
+    """A CLI's conversation id as it may go into argv (never an option: no leading `-`)."""
+    return value if isinstance(value, str) and CONVERSATION_ID.fullmatch(value) else None
+
+
+def _resume(flag: str, setup: RunSetup) -> list[str]:
+    found = _conversation_id(setup.conversation)
+    return [flag, found] if found else []
+
+
+def _words(text: str) -> str:
+    """A CLI's words about its limit, kept short."""
+    return text.strip()[:1000]
+
+
+MAX_AHEAD = timedelta(days=400)   # a reset further than this is garbage: say none
+MINUTE = timedelta(minutes=1)
+MONTHS = {m: n for n, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
+                                      "Sep", "Oct", "Nov", "Dec"), 1)}
+
+
+def _aware(now: datetime) -> datetime:
+    return now if now.tzinfo is not None else now.astimezone()
+
+
+def _sane(at: datetime, now: datetime) -> datetime | None:
+    return at if now - timedelta(days=1) <= at <= now + MAX_AHEAD else None
+
+
+def _epoch(value, now: datetime) -> datetime | None:
+    """A reset in epoch seconds, if it is a number near enough to now."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return _sane(datetime.fromtimestamp(value, timezone.utc), now)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _clock(found: re.Match, zone: str, now: datetime) -> datetime | None:
+    """A reset said as a time of day (`h`, `m`, `ap`), with or without a date (`mon`, `day`,
+    `year`), in `zone`. Without a date it is the next such time; a minute said is one that
+    has begun is its end (the CLIs print no seconds)."""
+    try:
+        tz = ZoneInfo(zone)
+        hour, minute = int(found["h"]), int(found["m"] or 0)
+        if not 1 <= hour <= 12:
+            return None
+        clock = time(hour % 12 + (12 if found["ap"].lower() == "pm" else 0), minute)
+        local = now.astimezone(tz)
+        if found["mon"]:
+            day = date(int(found["year"] or local.year), MONTHS[found["mon"]], int(found["day"]))
+        else:
+            day = local.date()
+        at = datetime.combine(day, clock, tz)
+        if not found["mon"] and at + MINUTE <= now:
+            at = datetime.combine(day + timedelta(days=1), clock, tz)
+    except (KeyError, ValueError, OSError, OverflowError):
+        return None
+    if at <= now < at + MINUTE:
+        at += MINUTE
+    return _sane(at, now)
+
+
 def _count(value) -> int:
     """A token count as reported: a non-negative int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and \
@@ -348,16 +584,6 @@ def _count(value) -> int:
 def _input_tokens(usage: dict) -> int:
     return sum(_count(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
                                               "cache_read_input_tokens"))
-
-
-def epoch_time(value) -> datetime | None:
-    """An instant a CLI gave in epoch seconds, or None where it is no plausible one (an
-    agent's output may say 10**20, -1, "soon" or NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if not 0 < value < 1e11:   # also false for NaN
-        return None
-    return datetime.fromtimestamp(value, timezone.utc)
 
 
 def reported_usd(value) -> float | None:

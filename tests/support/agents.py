@@ -31,9 +31,12 @@ def cli_path(name: str) -> Path:
 
 
 class Rig:
-    """One agent CLI, one workspace, one scripted model."""
+    """One agent CLI, one workspace, one scripted model. `subscriber`: Claude Code logs in
+    as a claude.ai subscriber (an OAuth token, no API key), the one way it reads a usage
+    limit's reset."""
 
-    def __init__(self, cli: str, tmp: Path, brain: Brain | None = None):
+    def __init__(self, cli: str, tmp: Path, brain: Brain | None = None,
+                 subscriber: bool = False):
         cli_path(cli)
         self.cli = cli
         self.ws = tmp / "ws"
@@ -44,8 +47,12 @@ class Rig:
         env = base_env()
         env.update(HOME=str(home), PATH=f"{AGENTS_BIN}:{SYSTEM_PATH}")
         if cli == "claude":
-            env.update(ANTHROPIC_BASE_URL=self.server.url, ANTHROPIC_API_KEY="sk-scripted",
+            env.update(ANTHROPIC_BASE_URL=self.server.url,
                        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+            for login in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"):
+                env.pop(login, None)
+            env.update({"CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-scripted"} if subscriber
+                       else {"ANTHROPIC_API_KEY": "sk-scripted"})
         elif cli == "gemini":
             # the API-key login a user picks once (Gemini CLI asks for it otherwise)
             (home / ".gemini").mkdir()

@@ -14,6 +14,13 @@ asks a `Brain` for the next step: a shell command for the CLI's own shell tool (
 `Bash`, codex's `exec_command`, Gemini's `run_shell_command`), or the final text of the
 turn. Every request body is
 kept, so a test can see what the CLI sent (a human's answer reaching the next prompt).
+
+`limit(reset)` makes it answer as each API does when the account hit its usage limit
+(tests/agents/LIMITS.md), with the shape that makes each pinned CLI give up at once:
+Anthropic's 429 with the subscriber's `anthropic-ratelimit-unified-*` headers (an OAuth
+token) or `rate_limit_error` + `x-should-retry: false` (an API key); OpenAI's 429
+`usage_limit_reached` with `resets_at`; Gemini's 429 RESOURCE_EXHAUSTED, whose only
+terminal shapes say a delay over 300 s (RetryInfo) or a daily quota with no time at all.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -119,6 +127,18 @@ class Brain:
         return Say("ok")
 
 
+@dataclass(slots=True)
+class Limit:
+    """Model requests are refused at a usage limit that resets at `reset` (epoch seconds):
+    until then, or only the next `requests` of them."""
+    reset: int
+    requests: int | None
+
+
+# Gemini CLI retries a 429 that asks for at most this long (a test would wait 5 minutes)
+GEMINI_MAX_RETRYABLE_SECONDS = 300
+
+
 class ModelServer:
     """Serve on a free loopback port until `stop()`; `requests` keeps every request body."""
 
@@ -128,6 +148,8 @@ class ModelServer:
         self.brain = brain or Brain()
         self.requests: list[dict] = []
         self.calls: list[str] = []     # every tool call it made: "shell" or "mcp:<tool>"
+        self.refused = 0               # model requests answered with a usage limit
+        self._limit: Limit | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         server = self
@@ -146,6 +168,12 @@ class ModelServer:
                     server.requests.append({"path": path, "body": body})
                 if path.endswith("/messages/count_tokens"):
                     return self._json({"input_tokens": server.INPUT_TOKENS})
+                reset = server._limited() if path.endswith(
+                    ("/messages", "/responses", ":generateContent", ":streamGenerateContent")) \
+                    else None
+                if reset is not None:
+                    return self._json(*server._limit_answer(
+                        path, reset, self.headers.get("authorization", "")))
                 if path.endswith("/messages"):
                     return self._sse(server._anthropic(body))
                 if path.endswith("/responses"):
@@ -161,9 +189,11 @@ class ModelServer:
             def do_GET(self):
                 self._json({"data": []})
 
-            def _json(self, data, status=200):
+            def _json(self, data, status=200, headers=()):
                 raw = json.dumps(data).encode()
                 self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(raw)))
                 self.end_headers()
@@ -204,6 +234,73 @@ class ModelServer:
         """Every request body as text (to look for what a CLI sent)."""
         with self._lock:
             return [json.dumps(r["body"]) for r in self.requests]
+
+    def limit(self, reset: int, requests: int | None = None) -> None:
+        """Refuse model requests as a usage limit resetting at `reset` (epoch seconds) does:
+        until then, or only the next `requests` of them (a Gemini CLI run makes 2: its
+        router's and its chat's). A Gemini limit less than 5 minutes away is said as a
+        daily quota, with no time: the CLI would retry a shorter delay itself."""
+        with self._lock:
+            self._limit = Limit(reset, requests)
+
+    def lift(self) -> None:
+        """The limit is over: answer as the model again."""
+        with self._lock:
+            self._limit = None
+
+    def _limited(self) -> int | None:
+        """The reset of the limit this request meets (and counts it), or None."""
+        with self._lock:
+            limit = self._limit
+            if limit is None or limit.requests is None and time.time() >= limit.reset:
+                self._limit = None
+                return None
+            if limit.requests is not None:
+                limit.requests -= 1
+                if limit.requests <= 0:
+                    self._limit = None
+            self.refused += 1
+            return limit.reset
+
+    def _limit_answer(self, path: str, reset: int, authorization: str):
+        """(body, status, headers) of each API's usage-limit error."""
+        if path.endswith("/messages"):
+            error = {"type": "error", "error": {"type": "rate_limit_error", "message":
+                     "This request would exceed your account's rate limit. "
+                     "Please try again later."}}
+            if authorization.startswith("Bearer "):   # a claude.ai subscriber's OAuth token
+                headers = [("anthropic-ratelimit-unified-status", "rejected"),
+                           ("anthropic-ratelimit-unified-reset", str(reset)),
+                           ("anthropic-ratelimit-unified-representative-claim", "five_hour"),
+                           ("anthropic-ratelimit-unified-5h-status", "rejected"),
+                           ("anthropic-ratelimit-unified-5h-reset", str(reset)),
+                           ("anthropic-ratelimit-unified-5h-utilization", "1.0")]
+            else:   # an API key: no reset is said; this one is not to be retried
+                headers = [("x-should-retry", "false")]
+            return error, 429, headers
+        if path.endswith("/responses"):
+            return {"error": {"type": "usage_limit_reached", "message":
+                              "The usage limit has been reached", "plan_type": "plus",
+                              "resets_at": reset,
+                              "resets_in_seconds": max(0, reset - int(time.time()))}}, 429, [
+                ("x-codex-primary-used-percent", "100"),
+                ("x-codex-primary-window-minutes", "300"),
+                ("x-codex-primary-reset-at", str(reset))]
+        delay = reset - int(time.time())
+        if delay > GEMINI_MAX_RETRYABLE_SECONDS:
+            message, detail = "Resource has been exhausted (e.g. check quota).", {
+                "@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{delay}s"}
+        else:
+            message, detail = (
+                "You exceeded your current quota, please check your plan and billing details. "
+                "* Quota exceeded for metric: generativelanguage.googleapis.com/"
+                "generate_content_free_tier_requests, limit: 250, model: scripted"), {
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                    "quotaMetric": "generativelanguage.googleapis.com/"
+                                   "generate_content_free_tier_requests",
+                    "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}
+        return {"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED",
+                          "details": [detail]}}, 429, []
 
     def _decide(self, prompt: str, outputs: list[str]) -> Shell | Tool | Say:
         step = self.brain.next(Turn(prompt, outputs)) if prompt else Say("ok")
