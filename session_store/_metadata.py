@@ -102,6 +102,15 @@ class Observations:
 
 
 @dataclass(slots=True)
+class GitInfo:
+    """A session's branch in a git workspace: made at `base` (the commit the user's HEAD
+    was on), from the user's branch `started_from` (None: a detached HEAD)."""
+    branch: str
+    base: str
+    started_from: str | None = None
+
+
+@dataclass(slots=True)
 class SessionMetadata:
     session_id: str
     objective: str
@@ -120,6 +129,7 @@ class SessionMetadata:
     fallback: Observations = field(default_factory=Observations)
     config_path: str | None = None
     completed_at: datetime | None = None
+    git: GitInfo | None = None     # None: not a git workspace, or git.commits off
 
 
 @dataclass(slots=True)
