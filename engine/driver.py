@@ -90,10 +90,8 @@ class Engine:
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
             Hook.ASSESS: self.assessor.check,
             Hook.HOLD: lambda nxt: desk.hold()})
-        git = session.metadata.git
-        self.commits = TaskCommits(
-            WorkspaceGit(session.workspace), git, session_id=session.id,
-            record=session.append_event, say=self.say) if git else None
+        self.commits = TaskCommits(WorkspaceGit(session.workspace), session, say=self.say) \
+            if session.metadata.git else None
         self.work = Work(session=session, tracker=tracker, runner=runner, mailbox=self.mailbox,
                          desk=desk, assessor=self.assessor, knowledge=self.knowledge,
                          commits=self.commits, config=config, say=self.say,

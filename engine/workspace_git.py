@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from typing import NamedTuple
 
-from session_store import BadInput, GitInfo, PauseKind, PlannedTask, work_root
+from session_store import BadInput, GitInfo, PauseKind, PlannedTask, Session, work_root
 from states import Next, Trigger
 
 BRANCH_PREFIX = "ralph/"
@@ -144,18 +144,19 @@ class WorkspaceGit:
 
     def begin(self, session_id: str) -> GitInfo:
         """The session's branch, as metadata records it before it is made (enter)."""
-        base = self.run("rev-parse", "HEAD").stdout.strip()
-        head = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return GitInfo(branch=BRANCH_PREFIX + session_id, base=base,
-                       started_from=head.stdout.strip() or None)
+        return GitInfo(branch=BRANCH_PREFIX + session_id, base=self._head(),
+                       started_from=self.current_branch())
 
-    def enter(self, info: GitInfo) -> str | None:
-        """Put the working tree on the session's branch (made at its base when missing:
-        a start cut short, or a branch removed); the user's branch never moves. Returns
-        what was done, for the console, or None when it was there already."""
+    def enter(self, info: GitInfo, *, committed: bool) -> str | None:
+        """Put the working tree on the session's branch, made at its base when missing
+        and nothing was `committed` yet (a start cut short); the user's branch never
+        moves. Returns what was done, for the console, or None when it was there."""
         self._ignore_work_area()
         made = None
         if not self._exists(info.branch):
+            if committed:
+                raise GitError(f"its branch {info.branch} is gone, and the commits of its "
+                               f"tasks with it; the session cannot go on without them")
             self.run("branch", info.branch, info.base)
             made = f"made branch {info.branch} at {info.base[:12]}"
         if self.current_branch() == info.branch:
@@ -239,7 +240,7 @@ class WorkspaceGit:
 
     # --- the human's commands ---
 
-    def task_commits(self, info: GitInfo, task_id: str) -> list[str]:
+    def task_commits(self, info: GitInfo, session_id: str, task_id: str) -> list[str]:
         """The commits of the session's branch whose Ralph-Task trailer is `task_id`,
         oldest first."""
         log = self.run("log", "--reverse", "--format=%H%x00%B%x01",
@@ -248,7 +249,7 @@ class WorkspaceGit:
         for record in log.split("\x01"):
             commit, _, body = record.strip("\n").partition("\0")
             lines = {line.strip() for line in body.splitlines()}
-            if f"Ralph-Session: {info.branch[len(BRANCH_PREFIX):]}" in lines \
+            if f"Ralph-Session: {session_id}" in lines \
                     and f"Ralph-Task: {task_id}" in lines:
                 found.append(commit)
         return found
@@ -282,18 +283,19 @@ class TaskCommits:
     null commit when it changed no file). A git that fails pauses the session with why;
     the task stays [/], so a resume runs it again and commits it then."""
 
-    def __init__(self, repo: WorkspaceGit, info: GitInfo, *, session_id: str, record, say):
+    def __init__(self, repo: WorkspaceGit, session: Session, *, say):
         self._repo = repo
-        self._info = info
-        self._session_id = session_id
-        self._record = record
+        self._session = session
+        self._info = session.metadata.git
+        self._session_id = session.id
         self._say = say
 
     def enter(self) -> None:
         """Before the session's work: the working tree on its branch, or a refusal in one
         line (BadInput)."""
+        committed = commit_record(self._session, lambda p: p.get("commit")) is not None
         try:
-            done = self._repo.enter(self._info)
+            done = self._repo.enter(self._info, committed=committed)
         except GitError as e:
             raise BadInput(f"session {self._session_id}: {e}") from None
         if done:
@@ -310,11 +312,18 @@ class TaskCommits:
                    "files": made.files[:RECORDED_FILES]}
         if len(made.files) > RECORDED_FILES:
             payload["more_files"] = len(made.files) - RECORDED_FILES
-        self._record("git.commit", payload)
+        self._session.append_event("git.commit", payload)
         self._say(f"task {task.id}: " + (
             f"commit {made.commit[:12]} on {self._info.branch} ({len(made.files)} file(s))"
             if made.commit else "changed no file: no commit"))
         return None
+
+
+def commit_record(session: Session, wanted) -> dict | None:
+    """The newest `git.commit` record of the engine whose payload `wanted` accepts."""
+    return session.last_event(lambda r: r["topic"] == "git.commit"
+                              and r.get("source") == "engine"
+                              and isinstance(r["payload"], dict) and wanted(r["payload"]))
 
 
 def _environment() -> dict:

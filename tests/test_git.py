@@ -274,3 +274,32 @@ def test_a_task_committed_before_a_crash_is_amended_not_committed_again(workspac
     (workspace / "c.py").write_text("c = 3\n")
     assert repo.commit_task(info, "s", 1, "t2", "T2").files == ["c.py"]
     assert len(commits(workspace, "main..ralph/s")) == 2
+
+
+def test_a_paused_session_whose_branch_was_cleaned_is_not_resumed_without_it(workspace):
+    git_workspace(workspace)
+    r = ralph(workspace, "session", "start", "x", "--id", "s", "--max-iterations", "1",
+              env=base_env(**FAST))
+    assert r.returncode == 5, r.stdout + r.stderr   # paused by the limit, t1 committed
+    assert ralph(workspace, "session", "clean", "s").returncode == 0
+    r = ralph(workspace, "session", "resume", "s", "--max-iterations", "5",
+              env=base_env(**FAST))
+    assert r.returncode == 2 and "ralph/s is gone" in r.stderr, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_resume_puts_the_working_tree_back_on_the_sessions_branch(workspace):
+    base = git_workspace(workspace)
+    r = ralph(workspace, "session", "start", "x", "--id", "s", "--max-iterations", "1",
+              env=base_env(**FAST))
+    assert r.returncode == 5, r.stdout + r.stderr
+    git(workspace, "switch", "--quiet", "main")   # the user looks at their own branch
+    (workspace / "mine.txt").write_text("not committed\n")
+    r = ralph(workspace, "session", "resume", "s", "--max-iterations", "5", env=base_env(**FAST))
+    assert r.returncode == 2 and "mine.txt" in r.stderr and "commit or stash" in r.stderr
+    (workspace / "mine.txt").unlink()
+    r = ralph(workspace, "session", "resume", "s", "--max-iterations", "5", env=base_env(**FAST))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "switched the working tree to branch ralph/s" in r.stdout
+    assert git(workspace, "symbolic-ref", "--short", "HEAD").strip() == "ralph/s"
+    assert git(workspace, "rev-parse", "main").strip() == base

@@ -40,15 +40,15 @@ def cmd_start(args) -> int:
     now = SystemClock().now()
     session_id = check_id(args.id) if args.id else new_session_id(now)
     repo = _repository(config, workspace(args))
+    git = None
     if repo is not None:   # before anything is made: a dirty tree is refused
         _git(repo.check_can_start, session_id)
+        git = _git(repo.begin, session_id)   # the engine makes the branch, switches to it
     session = create(workspace(args), objective.strip(), now=now,
                      session_id=session_id, limits=limits,
                      config_path=os.path.abspath(config_path) if config_path else None,
-                     config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))))
-    if repo is not None:   # recorded first; the engine makes the branch and switches to it
-        session.metadata.git = _git(repo.begin, session.id)
-        session.save(now)
+                     config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))),
+                     git=git)
     if notice:   # once the session exists: a refused start stays one line
         print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
@@ -89,18 +89,16 @@ def _session_branch(args):
 
 def cmd_diff(args) -> int:
     from session_store import check_id
+
+    from ..workspace_git import commit_record
     session, repo, info = _session_branch(args)
     if not _git(repo.has_branch, info):
         raise bad(f"session {session.id}: its branch {info.branch} is gone")
     commits = None
     if args.task is not None:
-        commits = _git(repo.task_commits, info, check_id(args.task, "task id"))
+        commits = _git(repo.task_commits, info, session.id, check_id(args.task, "task id"))
         if not commits:
-            recorded = session.last_event(lambda r: r["topic"] == "git.commit"
-                                          and r.get("source") == "engine"
-                                          and isinstance(r["payload"], dict)
-                                          and r["payload"].get("task") == args.task)
-            if recorded is None:
+            if commit_record(session, lambda p: p.get("task") == args.task) is None:
                 raise bad(f"session {session.id} has no commit of a task {args.task!r}")
             print(f"task {args.task} of session {session.id} changed no file", flush=True)
             return EXIT_OK
