@@ -25,7 +25,7 @@ SHOWN_PATHS = 3   # the dirty paths a refusal names
 RECORDED_FILES = 100   # the paths a git.commit record lists (the commit has them all)
 # what runs code from config an agent can write: off, whatever the repository says
 SAFE_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "commit.gpgSign=false",
-               "gc.auto=0", "maintenance.auto=false", "core.pager=cat")
+               "gc.auto=0", "maintenance.auto=false")
 
 
 class GitError(Exception):
@@ -57,17 +57,18 @@ class WorkspaceGit:
         self.workspace = os.path.abspath(workspace)
         self._work_area = os.path.relpath(work_root(workspace), self.workspace)
         self._exe = shutil.which("git")
-        self._overrides: list[str] | None = None
 
     # --- running git ---
 
     def run(self, *args: str, input: str | None = None, check: bool = True,
-            identity: bool = False) -> subprocess.CompletedProcess:
+            identity: bool = False, reading_config: bool = False) -> subprocess.CompletedProcess:
+        """git ARGS; `reading_config`: without the overrides (reading config runs nothing)."""
         if self._exe is None:
             raise GitError("the workspace is in a git work tree but git is not installed; "
                            "install it, or set git.commits: false")
-        argv = [self._exe, "--no-pager", *self._safe(), *(self._identity() if identity else ()),
-                *args]
+        argv = [self._exe, "--no-pager", *args] if reading_config else [
+            self._exe, "--no-pager", *self._safe(), *(self._identity() if identity else ()),
+            *args]
         try:
             done = subprocess.run(argv, cwd=self.workspace, env=_environment(), input=input,
                                   capture_output=True, text=True, errors="surrogateescape",
@@ -81,27 +82,22 @@ class WorkspaceGit:
             raise GitError(f"git {args[0]} failed: {why[-1] if why else f'exit {done.returncode}'}")
         return done
 
-    def _plain(self, *args: str) -> subprocess.CompletedProcess:
-        """git without the overrides: only to read config (reading runs nothing)."""
-        return subprocess.run([self._exe, *args], cwd=self.workspace, env=_environment(),
-                              capture_output=True, text=True, errors="surrogateescape",
-                              timeout=TIMEOUT_SECONDS)
-
     def _safe(self) -> list[str]:
-        if self._overrides is None:
-            # a filter driver's clean/smudge/process commands run on every add and
-            # checkout: each configured driver gets empty ones (no command runs)
-            names = self._plain("config", "--name-only", "--get-regexp", r"^filter\.")
-            drivers = {n.rsplit(".", 1)[0] for n in names.stdout.split()}
-            overrides = [*SAFE_CONFIG, *(f"{d}.{k}=" for d in sorted(drivers)
-                                         for k in ("clean", "smudge", "process")),
-                         *(f"{d}.required=false" for d in sorted(drivers))]
-            self._overrides = [arg for o in overrides for arg in ("-c", o)]
-        return self._overrides
+        """The overrides, read anew for every call (an agent may add a filter driver at
+        any time): a driver's clean/smudge/process commands run on every add and checkout,
+        so each configured driver gets empty ones (no command runs)."""
+        names = self.run("config", "--name-only", "--get-regexp", r"^filter\.", check=False,
+                         reading_config=True)
+        drivers = sorted({n.rsplit(".", 1)[0] for n in names.stdout.split()})
+        overrides = [*SAFE_CONFIG, *(f"{d}.{k}=" for d in drivers
+                                     for k in ("clean", "smudge", "process")),
+                     *(f"{d}.required=false" for d in drivers)]
+        return [arg for o in overrides for arg in ("-c", o)]
 
     def _identity(self) -> list[str]:
         """A commit needs an author: the user's, else ralph's (a machine with none set)."""
-        has = [self._plain("config", key).stdout.strip() for key in ("user.name", "user.email")]
+        has = [self.run("config", key, check=False, reading_config=True).stdout.strip()
+               for key in ("user.name", "user.email")]
         return [] if all(has) else ["-c", "user.name=ralph", "-c", "user.email=ralph@localhost"]
 
     def _outside_work_area(self) -> list[str]:

@@ -212,6 +212,10 @@ def test_a_filter_an_agent_configured_does_not_run_as_the_engine(workspace, tmp_
     from session_store import GitInfo
     base = git_workspace(workspace)
     git(workspace, "switch", "--quiet", "--create", "ralph/s")
+    repo, info = WorkspaceGit(str(workspace)), GitInfo("ralph/s", base, "main")
+    (workspace / "first.py").write_text("one = 1\n")
+    assert repo.commit_task(info, "s", 1, "t0", "T0").files == ["first.py"]
+    # then, mid-session, an agent configures code to run
     ran = tmp_path / "ran"
     git(workspace, "config", "filter.evil.clean", f"touch {ran}; cat")
     git(workspace, "config", "core.fsmonitor", f"touch {ran}; true")
@@ -219,8 +223,7 @@ def test_a_filter_an_agent_configured_does_not_run_as_the_engine(workspace, tmp_
     hooks = workspace / ".git/hooks/pre-commit"
     hooks.write_text(f"#!/bin/sh\ntouch {ran}\n")
     hooks.chmod(0o755)
-    made = WorkspaceGit(str(workspace)).commit_task(GitInfo("ralph/s", base, "main"), "s", 1,
-                                                    "t1", "T1")
+    made = repo.commit_task(info, "s", 1, "t1", "T1")
     assert made.commit and made.files == [".gitattributes"]
     assert not ran.exists()
 
