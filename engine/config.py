@@ -154,6 +154,11 @@ class Blockers:
 
 
 @dataclass(slots=True)
+class Git:
+    commits: bool = True   # in a git workspace: a branch per session, a commit per [x] task
+
+
+@dataclass(slots=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     roles: Roles = field(default_factory=Roles)
@@ -162,6 +167,7 @@ class Config:
     knowledge: Knowledge = field(default_factory=Knowledge)
     fallback: Fallback = field(default_factory=Fallback)
     blockers: Blockers = field(default_factory=Blockers)
+    git: Git = field(default_factory=Git)
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled

@@ -11,7 +11,7 @@ from .mailbox import Mode
 
 class Work:
     def __init__(self, *, session, tracker, runner, mailbox, desk, assessor, knowledge,
-                 config, say, wait_until):
+                 commits, config, say, wait_until):
         self._session = session
         self._tracker = tracker
         self._runner = runner
@@ -19,6 +19,7 @@ class Work:
         self._desk = desk
         self._assessor = assessor
         self._knowledge = knowledge
+        self._commits = commits
         self._config = config
         self.say = say
         self.wait_until = wait_until
@@ -52,6 +53,11 @@ class Work:
 
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         self._tracker.record_plan(tasks)
+
+    def commit_task(self, task: PlannedTask):
+        if self._commits is None:   # not a git workspace, or git.commits off
+            return None
+        return self._commits.commit(self._tracker.metadata.iteration, task)
 
     def finish_iteration(self) -> None:
         self._tracker.finish_iteration()

@@ -11,6 +11,7 @@ COMPLETE or PAUSED; then the exit code.
   Assessor       seed 004's confidence and the help it asks for
   BlockerLedger  seed 003's repeated blockers
   KnowledgeKeeper promotion, keeping, carrying of staged knowledge
+  TaskCommits    in a git workspace, a commit per done task on the session's branch
   AgentRunner    one role invocation, observed by the assessor, ledger and desk
   SessionMachine the table's machine, its hooks calling the parts above
   Work           the context the states see
@@ -39,6 +40,7 @@ from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode, watch
 from .runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
+from .workspace_git import TaskCommits, WorkspaceGit
 
 __all__ = ["Engine"]
 
@@ -96,9 +98,12 @@ class Engine:
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
             Hook.ASSESS: self.assessor.check,
             Hook.HOLD: lambda nxt: desk.hold()})
+        self.commits = TaskCommits(WorkspaceGit(session.workspace), session, say=self.say) \
+            if session.metadata.git else None
         self.work = Work(session=session, tracker=tracker, runner=runner, mailbox=self.mailbox,
                          desk=desk, assessor=self.assessor, knowledge=self.knowledge,
-                         config=config, say=self.say, wait_until=self.wait_until)
+                         commits=self.commits, config=config, say=self.say,
+                         wait_until=self.wait_until)
 
     @property
     def metadata(self):
@@ -118,6 +123,8 @@ class Engine:
         lease = acquire_lock(self.session.dir, self.session.id)
         self.lock.acquire()
         try:
+            if self.commits and self.metadata.status in (Status.ACTIVE, Status.PAUSED):
+                self.commits.enter()   # the working tree on the session's branch, or refused
             if message:
                 self.mailbox.add_message(message)
             if now:

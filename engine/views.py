@@ -57,6 +57,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "created_at": m.created_at.isoformat(),
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
+        "git": unstructure(m.git) if m.git else None,
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
@@ -190,6 +191,11 @@ def status_text(v: dict) -> str:
                      f"machine): it holds the session but has made no progress since {last}; "
                      f"`kill -CONT {v['engine_pid']}` lets it go on (deadlines that passed "
                      f"meanwhile apply once)")
+    if v["git"]:
+        g = v["git"]
+        started = field(g["started_from"] or "a detached HEAD")
+        lines.append(f"branch: {field(g['branch'])} (from {started} at {field(g['base'])[:12]};"
+                     f" `ralph session diff {v['session_id']}` shows what it changed)")
     if v["pause_reason"]:
         lines.append(f"paused: {printable(v['pause_reason'])}")
     if v["waiting"]:

@@ -125,6 +125,15 @@ class InterruptedRun:
 
 
 @dataclass(slots=True)
+class GitInfo:
+    """A session's branch in a git workspace: made at `base` (the commit the user's HEAD
+    was on), from the user's branch `started_from` (None: a detached HEAD)."""
+    branch: str
+    base: str
+    started_from: str | None = None
+
+
+@dataclass(slots=True)
 class SessionMetadata:
     session_id: str
     objective: str
@@ -145,6 +154,7 @@ class SessionMetadata:
     completed_at: datetime | None = None
     limit_wait: LimitWait | None = None
     interrupted: InterruptedRun | None = None
+    git: GitInfo | None = None     # None: not a git workspace, or git.commits off
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from ._convert import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, backwards, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
-from ._metadata import Limits, SessionMetadata
+from ._metadata import GitInfo, Limits, SessionMetadata
 from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
 from ._schema import dump_plain, parse_yaml
 from ._types import Status
@@ -238,7 +238,7 @@ class EventReader:
 
 def create(workspace: str, objective: str, *, now: datetime, session_id: str | None = None,
            limits: Limits | None = None, config_path: str | None = None,
-           config_snapshot: str | None = None) -> Session:
+           config_snapshot: str | None = None, git: GitInfo | None = None) -> Session:
     """Make a session directory whole, or not at all: built aside, then renamed in."""
     session_id = check_id(session_id) if session_id else new_session_id(now)
     try:
@@ -255,7 +255,8 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
     shutil.rmtree(staging, ignore_errors=True)
     make_dirs(*(os.path.join(staging, sub) for sub in SESSION_SUBDIRS))
     meta = SessionMetadata(session_id=session_id, objective=objective, created_at=now,
-                           updated_at=now, limits=limits or Limits(), config_path=config_path)
+                           updated_at=now, limits=limits or Limits(), config_path=config_path,
+                           git=git)
     session = Session(workspace, session_id, meta)
     session.dir = staging
     try:

@@ -99,6 +99,10 @@ class StateContext(Protocol):
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         """The plan's files, then planning_completed_at: the commit point of planning."""
 
+    def commit_task(self, task: PlannedTask) -> Next | None:
+        """In a git workspace, a done task's changes as one commit on the session's branch
+        (before its [x]: a crash in between commits nothing twice)."""
+
     def finish_iteration(self) -> None: ...
 
     # --- agents ---

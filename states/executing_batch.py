@@ -1,7 +1,8 @@
 """EXECUTING_BATCH: the Executor runs each task of the current batch, one after another.
 
 A task is marked [/] before its runs and [x] or [F] after, in progress.md; a task found
-[/] on resume was interrupted and runs again. Each attempt is recorded (its outcome lets
+[/] on resume was interrupted and runs again. In a git workspace a done task is committed
+before its [x]. Each attempt is recorded (its outcome lets
 a resumed session keep counting blocked and empty runs). `build.done` is gated: without
 passing evidence it comes back as `build.blocked`. Signals are polled between tasks. A
 batch in which every task failed pauses the session.
@@ -38,6 +39,8 @@ def run(ctx: StateContext) -> Next:
         if isinstance(verdict, Next):
             return verdict
         if verdict.kind == "done":
+            if stop := ctx.commit_task(task):
+                return stop
             ctx.set_marker(task.id, progress.DONE)
         else:
             ctx.set_marker(task.id, progress.FAILED, verdict.reason)

@@ -139,6 +139,19 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="one JSON record a line")
     p.set_defaults(handler=sessions.cmd_tail)
 
+    p = ssub.add_parser("diff", parents=[common],
+                        help="what a session changed in a git workspace (its branch), or one "
+                             "task's commits")
+    p.add_argument("session_id", metavar="ID", nargs="?",
+                   help=SESSION_FLAGS_HELP + ", then the newest")
+    p.add_argument("--task", metavar="T", help="only the commit(s) of task T")
+    p.set_defaults(handler=sessions.cmd_diff)
+
+    p = ssub.add_parser("clean", parents=[common],
+                        help="remove the branch a session left (not while it runs)")
+    p.add_argument("session_id", metavar="ID", help="the session")
+    p.set_defaults(handler=sessions.cmd_clean)
+
     p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(handler=sessions.cmd_list)

@@ -8,7 +8,7 @@ from .common import EXIT_OK, bad, config_file, human_only, workspace
 
 
 def cmd_start(args) -> int:
-    from session_store import Limits, create, dump_yaml
+    from session_store import Limits, check_id, create, dump_yaml, new_session_id
 
     from .. import config as cfg
     config_path = config_file(args)
@@ -37,15 +37,87 @@ def cmd_start(args) -> int:
             print(f"ralph: note: {changed}", file=sys.stderr, flush=True)
     notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
-    session = create(workspace(args), objective.strip(), now=SystemClock().now(),
-                     session_id=args.id, limits=limits,
+    now = SystemClock().now()
+    session_id = check_id(args.id) if args.id else new_session_id(now)
+    repo = _repository(config, workspace(args))
+    git = None
+    if repo is not None:   # before anything is made: a dirty tree is refused
+        _git(repo.check_can_start, session_id)
+        git = _git(repo.begin, session_id)   # the engine makes the branch, switches to it
+    session = create(workspace(args), objective.strip(), now=now,
+                     session_id=session_id, limits=limits,
                      config_path=os.path.abspath(config_path) if config_path else None,
-                     config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))))
+                     config_snapshot=dump_yaml(cfg.to_data(cfg.without_secrets(config))),
+                     git=git)
     if notice:   # once the session exists: a refused start stays one line
         print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
           f"control files (out of agents' reach) are in {session.dir}", flush=True)
     return _run(session, config, resume=False)
+
+
+def _repository(config, ws: str):
+    """The workspace's repository when the session is to commit its tasks (git.commits, in
+    a git work tree), else None."""
+    from ..workspace_git import WorkspaceGit, in_work_tree
+    return WorkspaceGit(ws) if config.git.commits and in_work_tree(ws) else None
+
+
+def _git(verb, *args):
+    """A git verb, its failure one line (exit 2)."""
+    from ..workspace_git import GitError
+    try:
+        return verb(*args)
+    except GitError as e:
+        raise bad(str(e)) from None
+
+
+def _session_branch(args):
+    """(session, its workspace's repository, its GitInfo) for `diff` and `clean`; refused
+    in one line where the session has no branch."""
+    from session_store import load, resolve_id
+
+    from ..workspace_git import WorkspaceGit
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    info = session.metadata.git
+    if info is None:
+        raise bad(f"session {session.id} has no branch: its workspace is not a git work tree, "
+                  f"or it ran with git.commits: false")
+    return session, WorkspaceGit(ws), info
+
+
+def cmd_diff(args) -> int:
+    from session_store import check_id
+
+    from ..workspace_git import commit_record
+    session, repo, info = _session_branch(args)
+    if not _git(repo.has_branch, info):
+        raise bad(f"session {session.id}: its branch {info.branch} is gone")
+    commits = None
+    if args.task is not None:
+        commits = _git(repo.task_commits, info, session.id, check_id(args.task, "task id"))
+        if not commits:
+            if commit_record(session, lambda p: p.get("task") == args.task) is None:
+                raise bad(f"session {session.id} has no commit of a task {args.task!r}")
+            print(f"task {args.task} of session {session.id} changed no file", flush=True)
+            return EXIT_OK
+    sys.stdout.write(_git(repo.diff, info, commits))
+    return EXIT_OK
+
+
+def cmd_clean(args) -> int:
+    from session_store import running_pid
+    human_only("session clean")
+    session, repo, info = _session_branch(args)
+    if running_pid(session.dir) is not None:
+        raise bad(f"session {session.id} is running: stop it (ralph signal pause) before "
+                  f"removing its branch")
+    if not _git(repo.has_branch, info):
+        print(f"session {session.id}: nothing to clean ({info.branch} is gone)", flush=True)
+        return EXIT_OK
+    print(f"session {session.id}: {_git(repo.remove_branch, info)}", flush=True)
+    return EXIT_OK
 
 
 def _demo_mode(config, config_path: str | None) -> str | None:
