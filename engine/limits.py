@@ -21,7 +21,7 @@ from datetime import timedelta
 from session_store import LimitWait, PauseKind
 from states import Next, Trigger
 
-from .agents.presets import UsageLimit
+from .agents.preset import UsageLimit
 from .clock import until as sleep_toward
 from .config import AgentConfig, Config, OnLimit
 from .mailbox import Mode

@@ -31,7 +31,7 @@ from states.context import RoleRun
 
 from . import gates, prompt
 from .agents import Invocation, McpServer, Outcome, containment, preset_for, ralph_argv
-from .agents.presets import reported_usd
+from .agents.preset import reported_usd
 from .config import AgentConfig
 from .inlet import Inlet, RunInfo
 from .limits import LimitKeeper

@@ -23,7 +23,7 @@ from session_store import open_beneath, read_nofollow
 
 from .. import containment, supervisor
 from ..config import PromptMode
-from .presets import ARG_LIMIT, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
+from .preset import ARG_LIMIT, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
 @dataclass(slots=True)

@@ -1,0 +1,95 @@
+"""ralph.yml's values of the right type but out of range, each with its path (the config's
+own check after its types; engine/config.py)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from session_store import ROLES, shown
+
+from .config import Backend, Config, OnLimit
+
+MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
+
+
+def range_errors(config: Config) -> list[str]:
+    """Values of the right type but out of range, with their paths: one line for one
+    mistake (a role's agent inherits `agent:`, so only what a role sets is its own)."""
+    errors, not_finite = [], set()
+
+    def finite(path, obj):
+        """NaN passes every comparison below, infinity every upper bound: neither is a
+        number a session can wait for (timedelta(seconds=nan) raises mid-session)."""
+        for f in dataclasses.fields(type(obj)):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(type(value)):
+                finite(f"{path}{f.name}.", value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                errors.append(f"$.{path}{f.name}: expected a finite number, got {value}")
+                not_finite.add(f"{path}{f.name}")
+
+    finite("", config)
+
+    def positive(path, value, allow_none=False, allow_zero=False):
+        if (value is None and allow_none) or path in not_finite:
+            return
+        if value < 0 or (value == 0 and not allow_zero):
+            errors.append(f"$.{path}: expected a {'non-negative' if allow_zero else 'positive'} "
+                          f"number, got {shown(value)}")
+        elif path.endswith("_seconds") and value > MAX_SECONDS:
+            errors.append(f"$.{path}: expected at most {MAX_SECONDS:.0f} seconds, "
+                          f"got {shown(value)}")
+
+    positive("event_loop.max_iterations", config.event_loop.max_iterations)
+    positive("event_loop.max_runtime_seconds", config.event_loop.max_runtime_seconds)
+    positive("event_loop.max_cost_usd", config.event_loop.max_cost_usd, allow_none=True)
+    positive("event_loop.cooldown_delay_seconds", config.event_loop.cooldown_delay_seconds,
+             allow_zero=True)
+    if not 1024 <= config.event_loop.max_event_bytes <= 64 << 20:
+        errors.append(f"$.event_loop.max_event_bytes: expected 1024 to {64 << 20} bytes, "
+                      f"got {shown(config.event_loop.max_event_bytes)}")
+    positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
+    positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
+    positive("agent.timeout_seconds", config.agent.timeout_seconds)
+    positive("agent.limit_wait_seconds", config.agent.limit_wait_seconds)
+    positive("agent.max_limit_wait_seconds", config.agent.max_limit_wait_seconds)
+    if config.agent.on_limit is OnLimit.SWITCH and config.agent.limit_fallback is None:
+        errors.append("$.agent.limit_fallback: expected the agent to switch to (say "
+                      "{backend: codex}) for on_limit: switch")
+    fallback = config.agent.limit_fallback
+    if fallback is not None:
+        positive("agent.limit_fallback.timeout_seconds", fallback.timeout_seconds,
+                 allow_none=True)
+        if config.limit_fallback().backend is Backend.COMMAND and \
+                not config.limit_fallback().command:
+            errors.append("$.agent.limit_fallback.command: expected a non-empty argv list "
+                          "for backend: command")
+    if config.agent.prices is not None:
+        positive("agent.prices.input", config.agent.prices.input, allow_zero=True)
+        positive("agent.prices.output", config.agent.prices.output, allow_zero=True)
+    if config.agent.backend is Backend.COMMAND and not config.agent.command:
+        errors.append("$.agent.command: expected a non-empty argv list for backend: command")
+    for role in ROLES:
+        override, where = getattr(config.roles, role).agent, f"roles.{role}.agent"
+        if override is None:
+            continue
+        positive(f"{where}.timeout_seconds", override.timeout_seconds, allow_none=True)
+        if override.prices is not None:
+            positive(f"{where}.prices.input", override.prices.input, allow_zero=True)
+            positive(f"{where}.prices.output", override.prices.output, allow_zero=True)
+        # a role that makes its agent a command without one (`agent.command` is empty)
+        sets_command = override.backend is not None or override.command is not None
+        if sets_command and config.agent_for(role).backend is Backend.COMMAND \
+                and not config.agent_for(role).command:
+            errors.append(f"$.{where}.command: expected a non-empty argv list for backend: "
+                          f"command")
+    for role in ROLES:
+        if role != "questioner" and not getattr(config.roles, role).enabled:
+            errors.append(f"$.roles.{role}.enabled: only the questioner can be switched off")
+    positive("blockers.repeat_limit", config.blockers.repeat_limit)
+    for name in ("confidence_threshold", "risk_threshold", "ambiguity_threshold",
+                 "autonomous_continue", "guided_collaboration", "full_human_control"):
+        value = getattr(config.fallback, name)
+        if f"fallback.{name}" not in not_finite and not 0 <= value <= 1:
+            errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {shown(value)}")
+    return errors
