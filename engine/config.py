@@ -106,6 +106,7 @@ class EventLoop:
     max_cost_usd: float | None = None
     cooldown_delay_seconds: float = 0.0
     max_event_bytes: int = 1 << 20   # one event an agent sends: larger is refused
+    parallel: int = 1   # tasks of one batch at once, each in a git worktree of its own
 
 
 @dataclass(slots=True)

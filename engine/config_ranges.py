@@ -9,6 +9,7 @@ from session_store import ROLES, shown
 
 from .config import Backend, Config, OnLimit
 
+MAX_PARALLEL = 32   # agents of one batch at once
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
 
 
@@ -48,6 +49,9 @@ def range_errors(config: Config) -> list[str]:
     if not 1024 <= config.event_loop.max_event_bytes <= 64 << 20:
         errors.append(f"$.event_loop.max_event_bytes: expected 1024 to {64 << 20} bytes, "
                       f"got {shown(config.event_loop.max_event_bytes)}")
+    if not 1 <= config.event_loop.parallel <= MAX_PARALLEL:
+        errors.append(f"$.event_loop.parallel: expected 1 to {MAX_PARALLEL} tasks at once, "
+                      f"got {shown(config.event_loop.parallel)}")
     positive("RObot.timeout_seconds", config.RObot.timeout_seconds)
     positive("knowledge.timeout_seconds", config.knowledge.timeout_seconds)
     positive("agent.timeout_seconds", config.agent.timeout_seconds)

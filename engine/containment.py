@@ -114,7 +114,7 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
     """The live processes of agent run `run` of the session (of any of its runs when
     `run` is None), and the descendants of `root`; with `root`, also the orphans this
     process adopted during the run (children it did not have `before` it, other than
-    `root`: the run is the only one it has) and their descendants. `root` may be this
+    `root`, and not another run's) and their descendants. `root` may be this
     process itself (a supervisor: the run is its whole tree), which is never found."""
     table = _table()
     found = set()
@@ -137,7 +137,7 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
         with _spawning:
             adopted = [pid for pid in kids.get(os.getpid(), ()) if _adopting
                        and pid != root and pid not in before and pid not in _spared
-                       and _ours(pid, session)]
+                       and _ours(pid, session, run)]
         todo = ([root] if root in table else []) + adopted
         while todo:
             pid = todo.pop()
@@ -146,9 +146,14 @@ def find(session_dir: str, run: str | None = None, root: int | None = None,
     return found
 
 
-def _ours(pid: int, session: str) -> bool:
-    """An adopted orphan counts as the run's unless another session's run marked it."""
-    named = _marks(pid).get(SESSION_MARK)
+def _ours(pid: int, session: str, run: str | None) -> bool:
+    """An adopted orphan counts as the run's unless another session's run, or another run
+    (a parallel batch's lanes run at once; their supervisors are children too), marked
+    it."""
+    marks = _marks(pid)
+    named = marks.get(SESSION_MARK)
+    if run is not None and marks.get(RUN_MARK) not in (None, run):
+        return False
     return named is None or os.path.realpath(named) == session
 
 

@@ -1,8 +1,11 @@
 """The context the states work through (states.context.StateContext), over the engine's
-parts. It adds no behaviour of its own: each verb is one part's."""
+parts. It adds no behaviour of its own: each verb is one part's. A parallel batch's lane
+works through a LaneWork: the same parts, the lane's runner and worktree."""
 from __future__ import annotations
 
-from session_store import PlannedTask
+import copy
+
+from session_store import PlannedTask, progress
 from states.context import Streaks
 
 from .attempts import run_until_outcome
@@ -11,7 +14,7 @@ from .mailbox import Mode
 
 class Work:
     def __init__(self, *, session, tracker, runner, mailbox, desk, assessor, knowledge,
-                 commits, config, say, wait_until):
+                 commits, config, say, wait_until, parallel=None):
         self._session = session
         self._tracker = tracker
         self._runner = runner
@@ -23,6 +26,7 @@ class Work:
         self._config = config
         self.say = say
         self.wait_until = wait_until
+        self._parallel = parallel   # a ParallelBatch (event_loop.parallel > 1), or None
 
     @property
     def metadata(self):
@@ -54,10 +58,33 @@ class Work:
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         self._tracker.record_plan(tasks)
 
-    def commit_task(self, task: PlannedTask):
-        if self._commits is None:   # not a git workspace, or git.commits off
-            return None
-        return self._commits.commit(self._tracker.metadata.iteration, task)
+    def accept_task(self, task: PlannedTask):
+        """Its outcome is done: committed (in a git workspace; a git that fails pauses),
+        then [x]."""
+        if self._commits is not None:   # None: not a git workspace, or git.commits off
+            if stop := self._commits.commit(self._tracker.metadata.iteration, task):
+                return stop
+        self._tracker.set_marker(task.id, progress.DONE)
+        return None
+
+    def run_tasks(self, tasks: list[PlannedTask], execute):
+        """Each task's work, `execute(ctx, task)`: in plan order, with the hold and the
+        mailbox between tasks; with event_loop.parallel, on lanes at once."""
+        if self._parallel is not None and len(tasks) > 1:
+            return self._parallel.run(self, tasks, execute)
+        for task in tasks:
+            if stop := self.before_task(task) or execute(self, task) or self.checkpoint():
+                return stop
+        return None
+
+    def for_lane(self, runner, commits, notes: list[dict]) -> "LaneWork":
+        lane = copy.copy(self)
+        lane.__class__ = LaneWork
+        lane._runner, lane._commits, lane.notes, lane.accepted = runner, commits, notes, False
+        return lane
+
+    def publish(self, topic: str, payload) -> dict:
+        return self._runner.publish(topic, payload)
 
     def finish_iteration(self) -> None:
         self._tracker.finish_iteration()
@@ -114,3 +141,20 @@ class Work:
     def close(self) -> None:
         if not self._session.has_summary():
             self._session.write_summary()
+
+
+class LaneWork(Work):
+    """A lane's context: its task runs in the lane's worktree, with `notes` (a merge's
+    conflict) among its pending events; accepted, it is committed on the lane's branch,
+    and [x] once merged (engine/parallel.py)."""
+    notes: list[dict]
+    accepted: bool
+
+    def accept_task(self, task: PlannedTask):
+        if stop := self._commits.commit(self._tracker.metadata.iteration, task):
+            return stop
+        self.accepted = True
+        return None
+
+    def run_until_outcome(self, role, task, pending, **kwargs):
+        return super().run_until_outcome(role, task, self.notes + pending, **kwargs)

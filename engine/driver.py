@@ -12,6 +12,7 @@ COMPLETE or PAUSED; then the exit code.
   BlockerLedger  seed 003's repeated blockers
   KnowledgeKeeper promotion, keeping, carrying of staged knowledge
   TaskCommits    in a git workspace, a commit per done task on the session's branch
+  ParallelBatch  event_loop.parallel: a batch's tasks at once, each on a lane (a worktree)
   AgentRunner    one role invocation, observed by the assessor, ledger and desk
   SessionMachine the table's machine, its hooks calling the parts above
   Work           the context the states see
@@ -40,6 +41,7 @@ from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode, watch
 from .runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
+from .parallel import ParallelBatch
 from .workspace_git import TaskCommits, WorkspaceGit
 
 __all__ = ["Engine"]
@@ -56,7 +58,7 @@ class Engine:
         self.wakeup = Wakeups(self.lock)   # set by the mailbox watcher and by agents exiting
         self.tracker = tracker = Tracker(session, self.clock)
         self.console = Console(out or sys.stdout, self.clock,
-                               status=lambda: tracker.status_line(self.runner.activity))
+                               status=lambda: tracker.status_line(self.activity()))
 
         def state() -> State:
             return tracker.state
@@ -98,12 +100,15 @@ class Engine:
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
             Hook.ASSESS: self.assessor.check,
             Hook.HOLD: lambda nxt: desk.hold()})
-        self.commits = TaskCommits(WorkspaceGit(session.workspace), session, say=self.say) \
-            if session.metadata.git else None
+        repo = WorkspaceGit(session.workspace) if session.metadata.git else None
+        self.commits = TaskCommits(repo, session, say=self.say) if repo else None
+        self.parallel = ParallelBatch(session, runner, repo, width=config.event_loop.parallel,
+                                      lock=self.lock, wakeup=self.wakeup, say=self.say) \
+            if repo and config.event_loop.parallel > 1 else None
         self.work = Work(session=session, tracker=tracker, runner=runner, mailbox=self.mailbox,
                          desk=desk, assessor=self.assessor, knowledge=self.knowledge,
                          commits=self.commits, config=config, say=self.say,
-                         wait_until=self.wait_until)
+                         wait_until=self.wait_until, parallel=self.parallel)
 
     @property
     def metadata(self):
@@ -125,6 +130,8 @@ class Engine:
         try:
             if self.commits and self.metadata.status in (Status.ACTIVE, Status.PAUSED):
                 self.commits.enter()   # the working tree on the session's branch, or refused
+            if self.parallel is not None:
+                self.parallel.clear()   # a dead engine's lanes: their tasks run again
             if message:
                 self.mailbox.add_message(message)
             if now:
@@ -253,6 +260,11 @@ class Engine:
         return self.runner.publish(topic, payload, source)
 
     # --- what the parts share ---
+
+    def activity(self) -> str:
+        """What runs now: the agent run, or each lane's of a parallel batch."""
+        lanes = self.parallel.activity() if self.parallel is not None else ""
+        return lanes or self.runner.activity
 
     def wait_until(self, deadline) -> None:
         """Sleep toward `deadline` (a datetime) until the watcher wakes us; the callers

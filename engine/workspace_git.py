@@ -19,6 +19,7 @@ from session_store import BadInput, GitInfo, PauseKind, PlannedTask, Session, wo
 from states import Next, Trigger
 
 BRANCH_PREFIX = "ralph/"
+LANE_PREFIX = "ralph-lane/"   # a parallel task's branch: ralph-lane/<session>/<task>
 TIMEOUT_SECONDS = 120
 TRAILERS = ("Ralph-Session", "Ralph-Iteration", "Ralph-Task")
 SHOWN_PATHS = 3   # the dirty paths a refusal names
@@ -140,7 +141,7 @@ class WorkspaceGit:
 
     def begin(self, session_id: str) -> GitInfo:
         """The session's branch, as metadata records it before it is made (enter)."""
-        return GitInfo(branch=BRANCH_PREFIX + session_id, base=self._head(),
+        return GitInfo(branch=BRANCH_PREFIX + session_id, base=self.head(),
                        started_from=self.current_branch())
 
     def enter(self, info: GitInfo, *, committed: bool) -> str | None:
@@ -212,13 +213,13 @@ class WorkspaceGit:
                 self.run("commit", "--quiet", "--amend", "--no-verify", "--cleanup=verbatim",
                          "--file=-", input=self._message(session_id, iteration, task_id, title),
                          identity=True)
-            return TaskCommit(self._head(), self._names("diff-tree", "--root", "--no-commit-id",
+            return TaskCommit(self.head(), self._names("diff-tree", "--root", "--no-commit-id",
                                                         "-r", "HEAD"))
         if not staged:
             return TaskCommit(None, [])
         self.run("commit", "--quiet", "--no-verify", "--cleanup=verbatim", "--file=-",
                  input=self._message(session_id, iteration, task_id, title), identity=True)
-        return TaskCommit(self._head(), staged)
+        return TaskCommit(self.head(), staged)
 
     @staticmethod
     def _message(session_id: str, iteration: int, task_id: str, title: str) -> str:
@@ -228,8 +229,49 @@ class WorkspaceGit:
                 + "".join(f"{k}: {v}\n" for k, v in zip(TRAILERS, (session_id, iteration,
                                                                     task_id))))
 
-    def _head(self) -> str:
+    def head(self) -> str:
         return self.run("rev-parse", "HEAD").stdout.strip()
+
+
+    # --- a parallel batch's lanes: a worktree and a branch per running task ---
+
+    def add_worktree(self, path: str, branch: str, base: str) -> None:
+        """A worktree at `path` on `branch`, made (anew) at `base`."""
+        self.run("worktree", "add", "--quiet", "--force", "-B", branch, path, base)
+
+    def merge(self, branch: str, message: str) -> list[str] | None:
+        """Merge `branch` into the working tree's branch (a merge commit, in plan order);
+        on a conflict nothing is merged and the conflicting paths come back."""
+        done = self.run("merge", "--no-ff", "--no-edit", "-m", message, branch, check=False,
+                        identity=True)
+        if done.returncode == 0:
+            return None
+        conflicted = self._names("diff", "--diff-filter=U")
+        self.run("merge", "--abort", check=False)
+        if not conflicted:
+            why = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            raise GitError(f"git merge {branch} failed: {why[-1] if why else done.returncode}")
+        return conflicted
+
+    def remove_lane(self, path: str, branch: str) -> None:
+        self.run("worktree", "remove", "--force", path, check=False)
+        self.run("branch", "-D", branch, check=False)
+
+    def clear_lanes(self, session_id: str, root: str) -> int:
+        """Every worktree under `root` and every lane branch of the session (what a batch
+        cut short, or a dead engine, left): removed. How many there were."""
+        listed = self.run("worktree", "list", "--porcelain", check=False).stdout
+        trees = [line[len("worktree "):] for line in listed.splitlines()
+                 if line.startswith("worktree ") and
+                 line[len("worktree "):].startswith(os.path.join(root, ""))]
+        for tree in trees:
+            self.run("worktree", "remove", "--force", tree, check=False)
+        self.run("worktree", "prune", check=False)
+        branches = self.run("for-each-ref", "--format=%(refname:short)",
+                            f"refs/heads/{LANE_PREFIX}{session_id}/", check=False).stdout.split()
+        for branch in branches:
+            self.run("branch", "-D", branch, check=False)
+        return len(trees) + len(branches)
 
     def _names(self, *args: str) -> list[str]:
         return [n for n in self.run(*args, "--name-only", "-z").stdout.split("\0") if n]
@@ -279,10 +321,11 @@ class TaskCommits:
     null commit when it changed no file). A git that fails pauses the session with why;
     the task stays [/], so a resume runs it again and commits it then."""
 
-    def __init__(self, repo: WorkspaceGit, session: Session, *, say):
+    def __init__(self, repo: WorkspaceGit, session: Session, *, say,
+                 info: GitInfo | None = None):
         self._repo = repo
         self._session = session
-        self._info = session.metadata.git
+        self._info = info or session.metadata.git   # a lane's: its own branch
         self._session_id = session.id
         self._say = say
 

@@ -13,6 +13,7 @@ _WHERE = {
     "WorkArea": "_work", "open_beneath": "_work", "Outbox": "_outbox", "OutboxLine": "_outbox",
     "hold_engine_lock": "_outbox", "holds_engine_lock": "_outbox",
     "state_root": "_places", "control_root": "_places", "work_root": "_places",
+    "worktree_root": "_places",
     "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
     "Session": "_session", "EventReader": "_session", "create": "_session", "load": "_session",
     "load_work_area": "_session",

@@ -11,6 +11,9 @@ sandbox, Claude Code's sandbox) let it write the workspace and the temp director
       workspaces/<name>-<hash of the workspace's real path>/
         workspace                 the workspace's path (for people and listings)
         sessions/<id>/            one session's control plane (Session.dir)
+        worktrees/<id>/<task>/    a parallel batch's git worktrees, one a running task
+                                  (where its agent works; out of the workspace, so no
+                                  agent plants the path git checks out to)
 
 The work area, `<workspace>/.ralph-sessions/<id>/`, is what agents may write: the
 knowledge they stage, the scratchpad, the outbox their tools append to (the engine
@@ -53,6 +56,11 @@ def workspace_state(workspace: str) -> str:
 def control_root(workspace: str) -> str:
     """The directory of the workspace's sessions' control planes."""
     return os.path.join(workspace_state(workspace), "sessions")
+
+
+def worktree_root(workspace: str, session_id: str) -> str:
+    """The directory of a session's git worktrees (a parallel batch's lanes)."""
+    return os.path.join(workspace_state(workspace), "worktrees", session_id)
 
 
 def work_root(workspace: str) -> str:

@@ -99,9 +99,17 @@ class StateContext(Protocol):
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         """The plan's files, then planning_completed_at: the commit point of planning."""
 
-    def commit_task(self, task: PlannedTask) -> Next | None:
-        """In a git workspace, a done task's changes as one commit on the session's branch
-        (before its [x]: a crash in between commits nothing twice)."""
+    def accept_task(self, task: PlannedTask) -> Next | None:
+        """A task whose outcome is done: in a git workspace its changes as one commit (a
+        crash in between commits nothing twice), then [x] (a parallel batch's lane: [x]
+        once its branch is merged, in plan order)."""
+
+    def run_tasks(self, tasks: list[PlannedTask],
+                  execute: Callable[["StateContext", PlannedTask], Next | None]) -> Next | None:
+        """`execute(ctx, task)` for each task: one after another in plan order, with the
+        hold before each and the mailbox after; with event_loop.parallel, up to N at once,
+        each on a context of its own (its worktree). The first decision that stops the
+        work comes back."""
 
     def finish_iteration(self) -> None: ...
 

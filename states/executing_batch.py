@@ -1,4 +1,5 @@
-"""EXECUTING_BATCH: the Executor runs each task of the current batch, one after another.
+"""EXECUTING_BATCH: the Executor runs each task of the current batch, one after another
+(or, with event_loop.parallel, up to N at once: the context runs them).
 
 A task is marked [/] before its runs and [x] or [F] after, in progress.md; a task found
 [/] on resume was interrupted and runs again. In a git workspace a done task is committed
@@ -17,35 +18,9 @@ from .context import Next, RoleRun, StateContext, Streaks, Trigger
 def run(ctx: StateContext) -> Next:
     it, meta = ctx.iteration()
     batch = ctx.metadata.batch
-    for task in meta.tasks_of_batch(batch):
-        if ctx.marker(task.id) in progress.FINISHED:
-            continue
-        if stop := ctx.before_task(task):
-            return stop
-        ctx.set_marker(task.id, progress.IN_PROGRESS)
-
-        def record(ran: RoleRun, outcome: str, task=task) -> None:
-            it.record_attempt(Attempt(
-                task.id, task.title, outcome, ran.exit_code, ran.timed_out, ran.duration,
-                [(e["topic"], e["payload"]) for e in ran.events],
-                "\n".join(ran.output.splitlines()[-40:])))
-
-        verdict = ctx.run_until_outcome(
-            "executor", task,
-            [{"topic": "task.start", "payload": {"id": task.id, "title": task.title,
-                                                 "description": task.description}}],
-            done=("build.done",), failed=("task.failed",), blocked="build.blocked",
-            streaks=streaks(it.attempt_outcomes(task.id)), after_each=record)
-        if isinstance(verdict, Next):
-            return verdict
-        if verdict.kind == "done":
-            if stop := ctx.commit_task(task):
-                return stop
-            ctx.set_marker(task.id, progress.DONE)
-        else:
-            ctx.set_marker(task.id, progress.FAILED, verdict.reason)
-        if stop := ctx.checkpoint():
-            return stop
+    todo = [t for t in meta.tasks_of_batch(batch) if ctx.marker(t.id) not in progress.FINISHED]
+    if stop := ctx.run_tasks(todo, lambda lane, task: execute(lane, it, task)):
+        return stop
     tasks = [t for t in ctx.tasks() if t.batch == batch]
     done = sum(t.marker == progress.DONE for t in tasks)
     if done == 0 and batch not in meta.failed_batches:
@@ -55,6 +30,30 @@ def run(ctx: StateContext) -> Next:
         return Next(Trigger.PAUSE, f"every task of batch {batch} failed ({reasons})",
                     PauseKind.FAILURE)
     return Next(Trigger.BATCH_DONE, f"batch {batch}: {done} done, {len(tasks) - done} failed")
+
+
+def execute(ctx: StateContext, it, task) -> Next | None:
+    """One task: [/], the executor until an outcome, then accepted or [F]."""
+    ctx.set_marker(task.id, progress.IN_PROGRESS)
+
+    def record(ran: RoleRun, outcome: str) -> None:
+        it.record_attempt(Attempt(
+            task.id, task.title, outcome, ran.exit_code, ran.timed_out, ran.duration,
+            [(e["topic"], e["payload"]) for e in ran.events],
+            "\n".join(ran.output.splitlines()[-40:])))
+
+    verdict = ctx.run_until_outcome(
+        "executor", task,
+        [{"topic": "task.start", "payload": {"id": task.id, "title": task.title,
+                                             "description": task.description}}],
+        done=("build.done",), failed=("task.failed",), blocked="build.blocked",
+        streaks=streaks(it.attempt_outcomes(task.id)), after_each=record)
+    if isinstance(verdict, Next):
+        return verdict
+    if verdict.kind == "done":
+        return ctx.accept_task(task)
+    ctx.set_marker(task.id, progress.FAILED, verdict.reason)
+    return None
 
 
 def streaks(outcomes: list[str]) -> Streaks:

@@ -40,6 +40,11 @@ def cmd_start(args) -> int:
     now = SystemClock().now()
     session_id = check_id(args.id) if args.id else new_session_id(now)
     repo = _repository(config, workspace(args))
+    if config.event_loop.parallel > 1 and repo is None:
+        raise bad(f"{config_path or 'the config'}: $.event_loop.parallel: "
+                  f"{config.event_loop.parallel} tasks at once need a git workspace with "
+                  f"git.commits on (each task runs in a git worktree of its own); `git init` "
+                  f"and commit, or set event_loop.parallel: 1")
     git = None
     if repo is not None:   # before anything is made: a dirty tree is refused
         _git(repo.check_can_start, session_id)
@@ -113,10 +118,13 @@ def cmd_clean(args) -> int:
     if running_pid(session.dir) is not None:
         raise bad(f"session {session.id} is running: stop it (ralph signal pause) before "
                   f"removing its branch")
-    if not _git(repo.has_branch, info):
-        print(f"session {session.id}: nothing to clean ({info.branch} is gone)", flush=True)
-        return EXIT_OK
-    print(f"session {session.id}: {_git(repo.remove_branch, info)}", flush=True)
+    from session_store import worktree_root
+    lanes = _git(repo.clear_lanes, session.id, worktree_root(session.workspace, session.id))
+    said = [f"removed {lanes} worktree(s) and lane branch(es)"] if lanes else []
+    if _git(repo.has_branch, info):
+        said.append(_git(repo.remove_branch, info))
+    print(f"session {session.id}: {'; '.join(said) if said else 'nothing to clean'}"
+          + ("" if said else f" ({info.branch} is gone)"), flush=True)
     return EXIT_OK
 
 
