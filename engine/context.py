@@ -86,6 +86,11 @@ class Work:
     def publish(self, topic: str, payload) -> dict:
         return self._runner.publish(topic, payload)
 
+    def ask_human(self, text: str, task: PlannedTask) -> None:
+        """A question of the engine's about `task`: the hold before the next run waits for
+        the answer (or its timeout); the answer reaches the next prompt."""
+        self._desk.ask(text, task_id=task.id)
+
     def finish_iteration(self) -> None:
         self._tracker.finish_iteration()
 

@@ -23,7 +23,7 @@ from states import Next, Trigger
 
 from .lanes import EngineLock, Wakeups
 from .runner import AgentRunner, Batch
-from .workspace_git import LANE_PREFIX, TaskCommits, WorkspaceGit
+from .workspace_git import LANE_PREFIX, GitError, TaskCommits, WorkspaceGit
 
 
 class ParallelBatch:
@@ -50,7 +50,21 @@ class ParallelBatch:
 
     def run(self, work, tasks: list[PlannedTask], execute) -> Next | None:
         """Run `tasks` (plan order) on up to `width` lanes; `execute(ctx, task)` is the
-        state's work for one task, on the context it is given."""
+        state's work for one task, on the context it is given. A git that fails (an agent
+        broke the repository, say) pauses the session with why."""
+        try:
+            return self._run(work, tasks, execute)
+        except GitError as e:
+            self._clear_quietly()
+            return Next(Trigger.PAUSE, f"the parallel batch stopped: {e}", PauseKind.FAILURE)
+
+    def _clear_quietly(self) -> None:
+        try:
+            self.clear()
+        except GitError:   # the next start (or `ralph session clean`) removes them
+            pass
+
+    def _run(self, work, tasks: list[PlannedTask], execute) -> Next | None:
         self.clear()
         base = self.repo.head()
         batch = Batch(self.wakeup)
@@ -80,10 +94,12 @@ class ParallelBatch:
         while any(t.is_alive() for t in threads):
             self.wakeup.wait(1.0)   # lets the lanes run the engine
             self.wakeup.clear()
-        if failures or batch.stop is not None:
+        if failures:
             self.clear()
-            if failures:
-                raise failures[0]
+            raise failures[0]
+        if batch.stop is not None:   # what the lanes finished is kept; the rest runs again
+            self._merge(work, tasks, None, built)
+            self.clear()
             return batch.stop
         return self._merge(work, tasks, execute, built)
 
@@ -110,7 +126,8 @@ class ParallelBatch:
 
     def _merge(self, work, tasks: list[PlannedTask], execute, built: dict) -> Next | None:
         """The lanes' branches into the session's, in plan order; a conflict: one retry on
-        top of what is merged."""
+        top of what is merged (with no `execute`, a batch that stops: the task stays [/]
+        and runs again on resume)."""
         merged = []
         for task in tasks:
             retried = False
@@ -123,11 +140,17 @@ class ParallelBatch:
                     work.set_marker(task.id, progress.DONE)
                     merged.append(task.id)
                     self._say(f"task {task.id}: merged into the session's branch")
+                elif execute is None:
+                    self._say(f"task {task.id}: its changes conflict with the merged tasks' "
+                              f"({', '.join(conflict[:5])}): it runs again on resume")
                 elif retried:
-                    work.set_marker(task.id, progress.FAILED,
-                                    f"its changes conflict with those of {', '.join(merged)} "
-                                    f"({', '.join(conflict[:5])}), also when run again on "
-                                    f"top of them")
+                    why = (f"its changes conflict with those of {', '.join(merged)} "
+                           f"({', '.join(conflict[:5])}), also when run again on top of them")
+                    work.set_marker(task.id, progress.FAILED, why)
+                    # the next planning has it among the failed tasks; a human says how
+                    work.ask_human(f"Task {task.id} ({task.title}): {why}. How should the "
+                                   f"conflict be resolved? Your answer reaches the next "
+                                   f"planning.", task)
                 else:
                     retried = True
                     self._say(f"task {task.id}: its changes conflict with the merged tasks' "

@@ -235,7 +235,8 @@ class AgentRunner:
                                     timeout=agent.timeout_seconds,
                                     ask_timeout=self.config.RObot.timeout_seconds,
                                     ended=self._end_run, mcp=mcp,
-                                    conversation=conversation, now=self.clock.now),
+                                    conversation=conversation, now=self.clock.now,
+                                    in_worktree=self.tree != self.session.workspace),
                          [g["id"] for g in guidance], unit, agent, key)
 
     def _continued(self, unit: str, agent: AgentConfig) -> str | None:

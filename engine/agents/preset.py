@@ -61,6 +61,8 @@ class RunSetup:
     ask_timeout_seconds: float     # how long a human question may block a tool call
     mcp: McpServer | None = None   # wire ralph's MCP server into the CLI (supports_mcp)
     conversation: str | None = None   # continue this conversation of the CLI (resumes)
+    tree: str | None = None        # where the agent works when not the workspace (a lane's
+                                   # worktree): the work area is then outside it
 
     @property
     def tool_wait_seconds(self) -> int:

@@ -203,6 +203,8 @@ class Codex(Preset):
                                # its calls need no approval (exec's policy is `never`)
                                ("default_tools_approval_mode", '"approve"')):
                 wiring += ["-c", f"{server}{key}={value}"]
+        if setup.tree is not None:   # its sandbox lets the tools write the work area too
+            wiring += ["--add-dir", setup.work_dir]
         # `resume` takes exec's flags before it (it refuses --sandbox and --color after)
         return [self.program, *self.args, *wiring, *extra,
                 *resume_args("resume", setup), "-"]   # "-": the prompt on stdin

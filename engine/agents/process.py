@@ -39,6 +39,7 @@ class Invocation:
     mcp: McpServer | None = None             # ralph's MCP server, where the CLI takes it
     conversation: str | None = None          # the CLI's conversation to continue (resumes)
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)   # the engine's clock
+    in_worktree: bool = False    # cwd is a parallel batch's worktree, not the workspace
 
 
 @dataclass(slots=True)
@@ -70,7 +71,8 @@ class CommandAgent:
         setup = RunSetup(log_base=inv.log_base, work_dir=work_dir,
                          ask_timeout_seconds=inv.ask_timeout,
                          mcp=inv.mcp if self.preset.supports_mcp else None,
-                         conversation=inv.conversation if self.preset.resumes else None)
+                         conversation=inv.conversation if self.preset.resumes else None,
+                         tree=inv.cwd if inv.in_worktree else None)
         argv = self.preset.argv(self.extra_args, setup)
         stdin_data = None
         mode = self.preset.prompt_mode
