@@ -81,7 +81,7 @@ def find_step(scenario: dict, names: dict) -> dict | None:
         if step.get("role") != names["role"]:
             continue
         if all(str(step[k]) == str(names[k]) for k in ("iteration", "task", "attempt") if k in step) \
-                and step.get("resumed", names["resumed"]) == names["resumed"]:
+                and step.get("resumed", names.get("resumed")) == names.get("resumed"):
             return _fill(step, names)
     return None
 
