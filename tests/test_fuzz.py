@@ -1644,3 +1644,51 @@ def test_zz_at_least_ten_thousand_generated_cases(request):
             reporter.write_line("\n" + line)
     if set(CASES) >= set(BUDGET):   # the whole file ran
         assert ran >= 10_000, line
+
+
+# --- agents' CLIs: what they print at a usage limit, and anything else ---
+
+LIMIT_VALUES = JSONISH | NUMBERS | st.sampled_from(
+    ["rejected", "allowed", "usage_limit_reached", "rate_limit", 429, 173, True, "x" * 300])
+CLI_LINES = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["rate_limit_event", "usage_limit"]),
+                           "rate_limit_info": st.dictionaries(st.sampled_from(
+                               ["status", "resetsAt", "rateLimitType"]), LIMIT_VALUES),
+                           "resets_at": LIMIT_VALUES, "message": LIMIT_VALUES}),
+    st.fixed_dictionaries({"type": st.sampled_from(["assistant", "result", "system"]),
+                           "error": LIMIT_VALUES, "api_error": LIMIT_VALUES,
+                           "api_error_status": LIMIT_VALUES, "is_error": LIMIT_VALUES,
+                           "result": LIMIT_VALUES, "session_id": LIMIT_VALUES}),
+    st.fixed_dictionaries({"type": st.sampled_from(["turn.failed", "error", "thread.started"]),
+                           "message": LIMIT_VALUES, "thread_id": LIMIT_VALUES,
+                           "error": st.fixed_dictionaries({"message": LIMIT_VALUES})}),
+    st.fixed_dictionaries({"session_id": LIMIT_VALUES, "error": st.fixed_dictionaries(
+        {"message": LIMIT_VALUES, "code": LIMIT_VALUES})}),
+    st.sampled_from(["You've hit your 5-hour limit · resets 13:99pm (Mars/Base)",
+                     "You\u2019ve hit your usage limit. Try again at Feb 30th, 99999 10:61 PM.",
+                     "Suggested retry after 1e999s", "Please retry in -5ms",
+                     "exceeded retry limit, last status: 429"]) | st.text(max_size=80))
+
+
+@settings(**budget("limit_outputs", 600))
+@given(lines=st.lists(CLI_LINES, max_size=5), code=st.none() | st.integers(-300, 300),
+       where=st.booleans())
+def test_what_a_cli_prints_never_breaks_its_presets_reading(lines, code, where):
+    """Whatever an agent's CLI prints (an agent can make it print anything), reading it for
+    a usage limit and a conversation's id never raises, and a reset is a plausible instant
+    or none."""
+    from engine.agents.presets import Claude, Codex, Demo, Gemini, RunEnd
+    CASES["limit_outputs"] += 1
+    text = "\n".join(json.dumps(line, default=str) if isinstance(line, dict) else str(line)
+                     for line in lines)
+    at = now()
+    end = RunEnd(text if where else "", "" if where else text, code, at)
+    for preset in (Claude(), Codex(), Gemini(), Demo(["demo"])):
+        limit = preset.limit(end)
+        if limit is not None:
+            assert isinstance(limit.text, str)
+            assert limit.until is None or (limit.until.tzinfo is not None and
+                                           at - timedelta(days=2) <= limit.until
+                                           <= at + timedelta(days=401)), limit
+        said = preset.conversation(end)
+        assert said is None or (isinstance(said, str) and not said.startswith("-"))
