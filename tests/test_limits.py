@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
-from support import (DONE, EVIDENCE, events, finish, metadata, only_session, plan, ralph,
-                     session_dir, start, topics, wait_for, work_dir)
+import pytest
+
+from support import (DONE, EVIDENCE, RALPH, base_env, demo_config, events, finish, metadata,
+                     only_session, plan, ralph, session_dir, start, topics, wait_for,
+                     work_dir)
 
 
 def limited_executor(until: float, **limit) -> dict:
@@ -188,3 +193,62 @@ def test_on_limit_switch_runs_the_step_on_the_fallback_until_the_reset(tmp_path)
     assert len(reached) == 1   # t2 went straight to the fallback while the limit lasts
     assert recorded_attempts(ws, "s", "t1") == ["done"]
     assert "runs on command until" in done.stdout
+
+
+@pytest.mark.slow
+def test_kill_at_every_write_around_a_limit_then_resume_waits_and_completes(tmp_path):
+    """The crash matrix, for a limit: killed after each durable write from the executor's
+    limited run to the retried run's outcome (the limit's record, the wait in metadata,
+    its end), the session resumes, waits if the limit still holds, and completes with
+    the one attempt spent."""
+    import _crashkit as kit
+
+    def run(ws: Path, **env) -> subprocess.CompletedProcess:
+        steps = [plan("t1"), limited_executor(time.time() + 2), *DONE]
+        demo_config(ws, steps)
+        return subprocess.run(RALPH + ["session", "start", "objective", "--id", "s"], cwd=ws,
+                              env=kit.cached_bytecode(base_env(**env)), capture_output=True,
+                              text=True, timeout=120)
+
+    base = tmp_path / "base"
+    base.mkdir()
+    trace = tmp_path / "trace"
+    assert run(base, RALPH_TEST_WRITE_TRACE=trace).returncode == 0
+    writes = kit.read_trace(trace, base, "s")
+    topics_at = [i for i, w in enumerate(writes) if w.kind == "event"]
+    reached = next(i for i in topics_at if "limit.reached" in _event_at(base, writes, i))
+    after = next(i for i in topics_at if i > reached and "build.done" in
+                 _event_at(base, writes, i))
+    points = writes[reached - 1:after + 2]
+    assert len(points) >= 4, points
+    expected = kit.outcome(base, "s")
+
+    def kill_at(w) -> str | None:
+        ws = tmp_path / f"w{w.n:03d}"
+        ws.mkdir()
+        try:
+            killed = run(ws, RALPH_TEST_CRASH_AT_WRITE=w.n)
+            assert killed.returncode == kit.KILLED, killed.stderr
+            kit.check_after_kill(ws, "s")
+            resumed = subprocess.run(RALPH + ["session", "resume", "s"], cwd=ws,
+                                     env=kit.cached_bytecode(base_env()), capture_output=True,
+                                     text=True, timeout=120)
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            assert kit.check_finished(ws, "s") == expected
+            assert recorded_attempts(ws, "s") == ["done"]
+            m = metadata(session_dir(ws, "s"))
+            assert m["limit_wait"] is None and m["fallback"]["errors"] == 0
+        except Exception as e:  # noqa: BLE001 - reported per point below
+            return f"killed after write {w.n} ({w.kind} {w.path}): {type(e).__name__}: {e}"
+        kit.remove_workspace(ws)
+        return None
+
+    failures = kit.run_all(kill_at, points)
+    assert not failures, "\n".join(failures)
+
+
+def _event_at(ws: Path, writes, i: int) -> str:
+    """The topic of the bus record the i-th traced write appended (by its order among
+    the event writes)."""
+    n = sum(1 for w in writes[:i + 1] if w.kind == "event")
+    return events(session_dir(ws, "s"))[n - 1]["topic"]
