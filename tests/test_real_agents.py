@@ -394,3 +394,55 @@ def test_an_ask_answered_after_150_seconds_still_reaches_the_agent(tmp_path):
                 engine.communicate()
         for r in rigs:
             r.close()
+
+
+class TwoTasks(Brain):
+    """Plans two independent tasks; each executor writes its own file where it runs."""
+
+    def planner(self, turn: Turn):
+        if turn.step == 0:
+            return Shell('echo "iteration=$RALPH_ITERATION"')
+        if "iteration=1" in turn.outputs[0]:
+            if turn.step == 1:
+                plan = {"tasks": [{"id": t, "title": f"Write {t}.txt", "batch": 1}
+                                  for t in ("t1", "t2")]}
+                return Shell(f"{turn.ralph} emit plan.ready --json '{json.dumps(plan)}'")
+            return Say("The plan is published.")
+        return Say("Everything in the objective is done.\nLOOP_COMPLETE")
+
+    def executor(self, turn: Turn):
+        if turn.step == 0:
+            return Shell(f'echo "made by $RALPH_TASK_ID" > "$RALPH_TASK_ID.txt" && pwd && '
+                         f'{turn.ralph} emit build.done "{self.EVIDENCE}"')
+        return Say("Done.")
+
+
+def test_a_parallel_batch_runs_each_task_in_its_worktree_and_merges_them(rig, tmp_path):
+    """event_loop.parallel with the real CLI: each executor works in its own git worktree
+    (codex's sandbox is let reach the work area), its task a commit, merged in plan order."""
+    import subprocess
+    r = rig(TwoTasks())
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(r.ws), *args], capture_output=True,
+                              text=True, check=True).stdout
+    git("init", "--quiet", "--initial-branch", "main")
+    (r.ws / "README").write_text("a project\n")
+    git("add", "README")
+    git("-c", "user.name=u", "-c", "user.email=u@localhost", "commit", "--quiet", "-m", "start")
+    config = tmp_path / "parallel.yml"   # outside the workspace: a clean tree starts
+    config.write_text("event_loop: {parallel: 2}\nRObot: {timeout_seconds: 5}\n")
+    code, out, err = finish(r.start("-c", str(config)), timeout=300)
+    assert code == 0, out[-3000:] + err[-3000:]
+    sd = r.session_dir()
+    assert metadata(sd)["tasks"]["completed"] == 2
+    for t in ("t1", "t2"):
+        assert (r.ws / f"{t}.txt").read_text() == f"made by {t}\n"
+    trailers = git("log", "--format=%(trailers:key=Ralph-Task,valueonly)", "ralph/real").split()
+    assert sorted(trailers) == ["t1", "t2"]
+    assert git("log", "--merges", "--format=%s", "ralph/real").count("merge task") == 2
+    assert git("worktree", "list").count("\n") == 1 and not git("branch", "--list",
+                                                                "ralph-lane/*").strip()
+    # each executor's commit was made in its worktree, on its lane's branch
+    assert sorted(e["payload"]["task"] for e in events(sd) if e["topic"] == "git.commit") \
+        == ["t1", "t2"]
