@@ -70,8 +70,10 @@ class Work:
     def run_tasks(self, tasks: list[PlannedTask], execute):
         """Each task's work, `execute(ctx, task)`: in plan order, with the hold and the
         mailbox between tasks; with event_loop.parallel, on lanes at once."""
-        if self._parallel is not None and len(tasks) > 1:
-            return self._parallel.run(self, tasks, execute)
+        if self._parallel is not None:
+            tasks = self._parallel.settle(self, tasks)
+            if len(tasks) > 1:
+                return self._parallel.run(self, tasks, execute)
         for task in tasks:
             if stop := self.before_task(task) or execute(self, task) or self.checkpoint():
                 return stop

@@ -48,6 +48,18 @@ class ParallelBatch:
         if left:
             self._say(f"removed {left} worktree(s) and lane branch(es) an earlier batch left")
 
+    def settle(self, work, tasks: list[PlannedTask]) -> list[PlannedTask]:
+        """The tasks left to run. A merge is a task's commit point: one merged when the
+        engine died before its [x] (only the last merge can be: each [x] follows its
+        merge) is [x] now, not run again (its commit would be made and merged twice)."""
+        merged = self.repo.merged_task(self.session.id, work.metadata.iteration)
+        if merged is None or merged not in {t.id for t in tasks}:
+            return tasks
+        work.set_marker(merged, progress.DONE)
+        self._say(f"task {merged}: merged into the session's branch before the engine "
+                  f"stopped: done")
+        return [t for t in tasks if t.id != merged]
+
     def run(self, work, tasks: list[PlannedTask], execute) -> Next | None:
         """Run `tasks` (plan order) on up to `width` lanes; `execute(ctx, task)` is the
         state's work for one task, on the context it is given. A git that fails (an agent

@@ -253,6 +253,20 @@ class WorkspaceGit:
             raise GitError(f"git merge {branch} failed: {why[-1] if why else done.returncode}")
         return conflicted
 
+    def merged_task(self, session_id: str, iteration: int) -> str | None:
+        """The task HEAD merges: HEAD a merge commit whose second parent is one task's
+        commit of `session_id`'s `iteration`, or None."""
+        parents = self.run("rev-list", "--parents", "-n", "1", "HEAD").stdout.split()
+        if len(parents) != 3:
+            return None
+        lines = {line.strip() for line in self.run("log", "-1", "--format=%B",
+                                                   parents[2]).stdout.splitlines()}
+        tasks = [line[len("Ralph-Task: "):] for line in lines if line.startswith("Ralph-Task: ")]
+        if {f"Ralph-Session: {session_id}", f"Ralph-Iteration: {iteration}"} <= lines \
+                and len(tasks) == 1:
+            return tasks[0]
+        return None
+
     def remove_lane(self, path: str, branch: str) -> None:
         self.run("worktree", "remove", "--force", path, check=False)
         self.run("branch", "-D", branch, check=False)

@@ -93,6 +93,18 @@ def state_in(root: Path):
             os.environ["RALPH_STATE_DIR"] = old
 
 
+@contextmanager
+def scratch_state(tmp_path: Path, name: str):
+    """A slow suite's place (`scratch`) with the sessions' control planes in it
+    (`state_in`) while inside; removed at the end."""
+    path = scratch(tmp_path, name)
+    try:
+        with state_in(path):
+            yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def session_dir(ws: Path, sid: str) -> Path:
     """The session's control plane (in the state directory)."""
     return control_dir(ws, sid)

@@ -151,10 +151,8 @@ ACTIONS = {"PAUSE": "paused the session", "APPROVE": "promoted the staged knowle
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    path = kit.scratch(tmp_path_factory.mktemp("matrix"), "matrix")
-    with kit.state_in(path):
+    with kit.scratch_state(tmp_path_factory.mktemp("matrix"), "matrix") as path:
         yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def prepare(shared: Path, steps: list[dict], config: dict) -> Path:
