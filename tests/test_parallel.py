@@ -110,10 +110,11 @@ def lanes_left(ws: Path) -> tuple[list[str], list[str]]:
 
 
 def task_commits(ws: Path, branch: str) -> list[str]:
-    """The Ralph-Task trailers of the branch's commits, oldest first."""
+    """The Ralph-Task trailers of the branch's commits, sorted (lanes commit at once: the
+    merges, on the first parent, are what keep plan order)."""
     log = git(ws, "log", "--reverse", "--format=%(trailers:key=Ralph-Task,valueonly)",
               branch)
-    return [line.strip() for line in log.splitlines() if line.strip()]
+    return sorted(line.strip() for line in log.splitlines() if line.strip())
 
 
 def test_four_tasks_run_at_once_each_in_its_worktree_and_merge_in_plan_order(tmp_path, repo):
@@ -130,7 +131,8 @@ def test_four_tasks_run_at_once_each_in_its_worktree_and_merge_in_plan_order(tmp
     assert not any(t[0].startswith(str(repo)) for t in trees)
     # one commit per task, merged into the session's branch in plan order
     assert task_commits(repo, "ralph/p") == ["t1", "t2", "t3", "t4"]
-    merges = git(repo, "log", "--merges", "--reverse", "--format=%s", "ralph/p").splitlines()
+    merges = git(repo, "log", "--first-parent", "--merges", "--reverse", "--format=%s",
+                 "ralph/p").splitlines()
     assert merges == [f"ralph p: merge task t{n}: T{n}" for n in range(1, 5)]
     for n in range(1, 5):
         assert (repo / f"t{n}.txt").read_text() == f"made by t{n}\n"
@@ -196,7 +198,7 @@ def test_pause_stops_every_lane_and_resume_runs_only_the_unfinished_tasks(tmp_pa
     resumed = ralph(repo, "session", "resume", "z", env=env, timeout=120)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert progress_markers(sd)["1"] == {"t1": "x", "t2": "x", "t3": "x"}
-    assert task_commits(repo, "ralph/z") == ["t1", "t2", "t3"]   # t1, t2 ran once
+    assert task_commits(repo, "ralph/z") == ["t1", "t2", "t3"]
     assert [len((shared / f"{t}.runs").read_text().split()) for t in ("t1", "t2", "t3")] \
         == [1, 1, 2]
     assert lanes_left(repo) == ([f"worktree {repo}"], [])
@@ -216,7 +218,7 @@ def test_kill_9_mid_batch_then_resume_reruns_only_the_unfinished(tmp_path, repo)
     resumed = ralph(repo, "session", "resume", "k", env=env, timeout=120)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert progress_markers(sd)["1"] == {"t1": "x", "t2": "x"}
-    assert sorted(task_commits(repo, "ralph/k")) == ["t1", "t2"]
+    assert task_commits(repo, "ralph/k") == ["t1", "t2"]
     assert lanes_left(repo) == ([f"worktree {repo}"], [])
     assert metadata(sd)["status"] == "completed"
 
