@@ -1629,23 +1629,6 @@ def test_symlinks_planted_in_a_running_session_are_refused_or_ignored(workspace,
     assert not (wd / "scratchpad.md").is_symlink()
 
 
-# --- the count ---
-
-def test_zz_at_least_ten_thousand_generated_cases(request):
-    declared = sum(BUDGET.values())
-    assert declared >= 10_000, BUDGET
-    ran = sum(CASES.values())
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    line = (f"test_fuzz: {ran} generated cases run ({declared} declared: "
-            + ", ".join(f"{k} {CASES[k]}/{v}" for k, v in BUDGET.items()) + ")")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("\n" + line)
-    if set(CASES) >= set(BUDGET):   # the whole file ran
-        assert ran >= 10_000, line
-
-
 # --- agents' CLIs: what they print at a usage limit, and anything else ---
 
 LIMIT_VALUES = JSONISH | NUMBERS | st.sampled_from(
@@ -1692,3 +1675,21 @@ def test_what_a_cli_prints_never_breaks_its_presets_reading(lines, code, where):
                                            <= at + timedelta(days=401)), limit
         said = preset.conversation(end)
         assert said is None or (isinstance(said, str) and not said.startswith("-"))
+
+
+# --- the count ---
+
+def test_zz_at_least_ten_thousand_generated_cases(request):
+    declared = sum(BUDGET.values())
+    assert declared >= 10_000, BUDGET
+    ran = sum(CASES.values())
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    line = (f"test_fuzz: {ran} generated cases run ({declared} declared: "
+            + ", ".join(f"{k} {CASES[k]}/{v}" for k, v in BUDGET.items()) + ")")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + line)
+    if set(CASES) >= set(BUDGET):   # the whole file ran
+        assert ran >= 10_000, line
+
