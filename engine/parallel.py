@@ -106,8 +106,8 @@ class ParallelBatch:
         while any(t.is_alive() for t in threads):
             self.wakeup.wait(1.0)   # lets the lanes run the engine
             self.wakeup.clear()
-        if failures:
-            self.clear()
+        if failures:   # the first failure is what the engine says (not a git's after it)
+            self._clear_quietly()
             raise failures[0]
         if batch.stop is not None:   # what the lanes finished is kept; the rest runs again
             self._merge(work, tasks, None, built)
