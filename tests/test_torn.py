@@ -319,11 +319,12 @@ def test_outbox_lines_a_killed_run_left_are_refused_once_and_a_torn_one_dropped(
     base = killed_at(space, run.point("event", after="prompt"), run)
     outbox = (work_of(base) / "outbox.jsonl").read_bytes()
     header = json.loads(outbox.split(b"\n", 1)[0])
+    [open_run] = header["runs"]   # the planner's, the one run open
     recorded = kit.records(sd_of(base))[-1]
-    assert recorded["topic"] == "plan.ready" and recorded["run"] == header["run"], recorded
+    assert recorded["topic"] == "plan.ready" and recorded["run"] == open_run, recorded
     assert recorded["via"] == [header["phase"], len(outbox)], (recorded, len(outbox))
     line = (json.dumps({"kind": "event", "id": "r" + "0" * 16, "topic": "note.left",
-                        "payload": "left by the planner's run", "run": header["run"]})
+                        "payload": "left by the planner's run", "run": open_run})
             + "\n").encode()
     cuts = sorted({1, 2, len(line) // 2, len(line) - 2, len(line) - 1, len(line)})
 
@@ -334,13 +335,13 @@ def test_outbox_lines_a_killed_run_left_are_refused_once_and_a_torn_one_dropped(
             bus = kit.records(sd_of(ws))
             # (the planner runs again: its new run's plan.ready is its own)
             assert [r["via"] for r in bus if r["topic"] == "plan.ready"
-                    and r["run"] == header["run"]] == [recorded["via"]], "read twice"
+                    and r["run"] == open_run] == [recorded["via"]], "read twice"
             assert not [r for r in bus if r["topic"] == "note.left"], "a dead run's line taken"
             refused = [r for r in bus if r["topic"] == "emit.refused"
                        and r["payload"].get("topic") == "note.left"]
             if c == len(line):
                 [r] = refused
-                assert r["run"] == header["run"], r
+                assert r["run"] == open_run, r
                 assert "ended with the engine" in r["payload"]["why"], r
                 assert r["via"] == [header["phase"], len(outbox) + len(line)], r
             else:
