@@ -40,7 +40,10 @@ class TaskCommit(NamedTuple):
 
 def in_work_tree(workspace: str) -> bool:
     """Whether the workspace lies in a git work tree: a `.git` in it or above it (no git
-    call, so a workspace without git never runs it)."""
+    call, so a workspace without git never runs it). A workspace not made yet (ralph makes
+    it) is none: nothing of it is the repository's."""
+    if not os.path.isdir(workspace):
+        return False
     path = os.path.realpath(workspace)
     while True:
         if os.path.exists(os.path.join(path, ".git")):
@@ -103,6 +106,11 @@ class WorkspaceGit:
 
     def _outside_work_area(self) -> list[str]:
         return ["--", ".", f":(exclude){self._work_area}"]
+
+    def ignored(self) -> bool:
+        """The repository ignores the workspace (a scratch directory in a checkout, like
+        the README's demo-workspace): its sessions are not the repository's work."""
+        return self.run("check-ignore", "--quiet", ".", check=False).returncode == 0
 
     # --- the session's branch ---
 

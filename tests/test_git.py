@@ -306,3 +306,25 @@ def test_resume_puts_the_working_tree_back_on_the_sessions_branch(workspace):
     assert "switched the working tree to branch ralph/s" in r.stdout
     assert git(workspace, "symbolic-ref", "--short", "HEAD").strip() == "ralph/s"
     assert git(workspace, "rev-parse", "main").strip() == base
+
+
+def test_a_workspace_the_repository_ignores_or_not_made_yet_is_no_git_workspace(tmp_path):
+    """The README's first command runs the demo in `demo-workspace/`, inside the ralph
+    checkout (which ignores it): the session neither branches nor commits the checkout,
+    the first time (ralph makes the directory) nor the second."""
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    subprocess.run(["git", "init", "--quiet", str(repo)], check=True)
+    (repo / ".gitignore").write_text("scratch/\n")
+    subprocess.run(["git", "-C", str(repo), "add", ".gitignore"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@x",
+                    "commit", "--quiet", "-m", "start"], check=True)
+    for sid in ("first", "second"):
+        done = ralph(repo, "--workspace", "scratch", "session", "start", "demo", "--id", sid,
+                     env=base_env(**FAST))
+        assert done.returncode == 0, done.stdout + done.stderr
+    branches = subprocess.run(["git", "-C", str(repo), "branch", "--list", "ralph/*"],
+                              capture_output=True, text=True, check=True).stdout
+    assert branches == "" and "ralph/" not in subprocess.run(
+        ["git", "-C", str(repo), "symbolic-ref", "HEAD"], capture_output=True,
+        text=True).stdout

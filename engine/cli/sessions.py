@@ -63,9 +63,12 @@ def cmd_start(args) -> int:
 
 def _repository(config, ws: str):
     """The workspace's repository when the session is to commit its tasks (git.commits, in
-    a git work tree), else None."""
+    a git work tree that does not ignore it), else None."""
     from ..workspace_git import WorkspaceGit, in_work_tree
-    return WorkspaceGit(ws) if config.git.commits and in_work_tree(ws) else None
+    if not (config.git.commits and in_work_tree(ws)):
+        return None
+    repo = WorkspaceGit(ws)
+    return None if _git(repo.ignored) else repo
 
 
 def _git(verb, *args):
