@@ -45,13 +45,21 @@ def in_work_tree(workspace: str) -> bool:
     if not os.path.isdir(workspace):
         return False
     path = os.path.realpath(workspace)
+    if os.path.exists(os.path.join(path, ".git")):
+        return True   # the workspace's own: a repository, or a broken one (refused)
     while True:
-        if os.path.exists(os.path.join(path, ".git")):
-            return True
         parent = os.path.dirname(path)
         if parent == path:
             return False
         path = parent
+        if _a_repository(os.path.join(path, ".git")):
+            return True
+
+
+def _a_repository(dot_git: str) -> bool:
+    """A `.git` above the workspace that is a repository's (a gitdir file, or a directory
+    with a HEAD): an empty `.git` some sandbox left in /tmp makes no workspace a git one."""
+    return os.path.isfile(dot_git) or os.path.isfile(os.path.join(dot_git, "HEAD"))
 
 
 class WorkspaceGit:

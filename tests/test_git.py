@@ -328,3 +328,15 @@ def test_a_workspace_the_repository_ignores_or_not_made_yet_is_no_git_workspace(
     assert branches == "" and "ralph/" not in subprocess.run(
         ["git", "-C", str(repo), "symbolic-ref", "HEAD"], capture_output=True,
         text=True).stdout
+
+
+def test_an_empty_git_directory_above_the_workspace_makes_it_no_git_workspace(tmp_path):
+    """Codex's sandbox leaves an empty `.git` in a writable root such as /tmp: a workspace
+    below it is no git workspace (it was refused as a broken repository)."""
+    (tmp_path / ".git").mkdir()
+    ws = tmp_path / "below" / "ws"
+    ws.mkdir(parents=True)
+    demo_config(ws, STEPS)
+    done = ralph(ws, "session", "start", "x", "--id", "s", env=base_env(**FAST))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert metadata(session_dir(ws, "s"))["git"] is None
