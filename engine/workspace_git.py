@@ -58,7 +58,7 @@ def in_work_tree(workspace: str) -> bool:
 
 def _a_repository(dot_git: str) -> bool:
     """A `.git` above the workspace that is a repository's (a gitdir file, or a directory
-    with a HEAD): an empty `.git` some sandbox left in /tmp makes no workspace a git one."""
+    with a HEAD): an empty `.git` left in /tmp makes no workspace a git one."""
     return os.path.isfile(dot_git) or os.path.isfile(os.path.join(dot_git, "HEAD"))
 
 

@@ -331,8 +331,8 @@ def test_a_workspace_the_repository_ignores_or_not_made_yet_is_no_git_workspace(
 
 
 def test_an_empty_git_directory_above_the_workspace_makes_it_no_git_workspace(tmp_path):
-    """Codex's sandbox leaves an empty `.git` in a writable root such as /tmp: a workspace
-    below it is no git workspace (it was refused as a broken repository)."""
+    """An empty `.git` in /tmp (one appeared there mid-CI, made by some process) makes no
+    workspace below it a git one (each was refused as a broken repository)."""
     (tmp_path / ".git").mkdir()
     ws = tmp_path / "below" / "ws"
     ws.mkdir(parents=True)
