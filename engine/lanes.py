@@ -67,9 +67,6 @@ class Wakeups:
             for event in self._events.values():
                 event.set()
 
-    def is_set(self) -> bool:
-        return self._mine().is_set()
-
     def clear(self) -> None:
         self._mine().clear()
 

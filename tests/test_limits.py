@@ -36,6 +36,14 @@ def started(ws):
     return sd
 
 
+def waiting_session(ws, reset: float):
+    """A session whose executor is at its limit until `reset`, started: (its process, its
+    control plane, the wait it recorded)."""
+    proc = start(ws, [plan("t1"), limited_executor(reset), *DONE])
+    sd = started(ws)
+    return proc, sd, wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+
+
 def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
     """The outcomes the engine recorded for the task's attempts (one per attempt spent)."""
     from session_store import load
@@ -46,9 +54,7 @@ def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
 def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_path):
     ws = tmp_path
     reset = time.time() + 4
-    proc = start(ws, [plan("t1"), limited_executor(reset), *DONE])
-    sd = started(ws)
-    waiting = wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+    proc, sd, waiting = waiting_session(ws, reset)
     # status and list say it, with the agent and the time
     status = ralph(ws, "session", "status", "s")
     assert "waiting for demo's usage limit until" in status.stdout, status.stdout
@@ -95,9 +101,7 @@ def test_the_retried_run_continues_the_agents_conversation(tmp_path):
 def test_kill_9_during_the_wait_and_resume_waits_for_the_same_reset(tmp_path):
     ws = tmp_path
     reset = time.time() + 6
-    proc = start(ws, [plan("t1"), limited_executor(reset), *DONE])
-    sd = started(ws)
-    before = wait_for(lambda: metadata(sd).get("limit_wait"), timeout=30)
+    proc, sd, before = waiting_session(ws, reset)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     listed = ralph(ws, "session", "list")

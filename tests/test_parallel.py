@@ -144,14 +144,20 @@ def test_four_tasks_run_at_once_each_in_its_worktree_and_merge_in_plan_order(tmp
     assert sorted(c["task"] for c in commits) == ["t1", "t2", "t3", "t4"]
 
 
-def test_a_conflict_is_retried_on_top_of_the_merged_tree(tmp_path, repo):
+def conflicting(tmp_path: Path, repo: Path, on_conflict: str, sid: str) -> Path:
+    """t1 and t2 both write shared.txt; t2 does `on_conflict` when told of the conflict.
+    The session, run to its end: its control plane."""
     do = {"t1": {"file": "shared.txt", "text": "from t1\n"},
-          "t2": {"file": "shared.txt", "text": "from t2\n", "on_conflict": "merge"}}
+          "t2": {"file": "shared.txt", "text": "from t2\n", "on_conflict": on_conflict}}
     config, env = setup(tmp_path, ["t1", "t2"], do)
-    done = ralph(repo, "session", "start", "two things", "-c", config, "--id", "c",
+    done = ralph(repo, "session", "start", "two things", "-c", config, "--id", sid,
                  env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    sd = session_dir(repo, "c")
+    return session_dir(repo, sid)
+
+
+def test_a_conflict_is_retried_on_top_of_the_merged_tree(tmp_path, repo):
+    sd = conflicting(tmp_path, repo, "merge", "c")
     assert progress_markers(sd)["1"] == {"t1": "x", "t2": "x"}
     assert (repo / "shared.txt").read_text() == "from t1\nfrom t2\n"
     conflicts = [e["payload"] for e in events(sd) if e["topic"] == "merge.conflict"]
@@ -163,13 +169,7 @@ def test_a_conflict_is_retried_on_top_of_the_merged_tree(tmp_path, repo):
 
 
 def test_a_conflict_that_persists_fails_the_task_and_asks_a_human(tmp_path, repo):
-    do = {"t1": {"file": "shared.txt", "text": "from t1\n"},
-          "t2": {"file": "shared.txt", "text": "from t2\n", "on_conflict": "again"}}
-    config, env = setup(tmp_path, ["t1", "t2"], do)
-    done = ralph(repo, "session", "start", "two things", "-c", config, "--id", "f",
-                 env=env, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    sd = session_dir(repo, "f")
+    sd = conflicting(tmp_path, repo, "again", "f")
     assert progress_markers(sd)["1"] == {"t1": "x", "t2": "F"}
     asked = [e["payload"] for e in events(sd) if e["topic"] == "human.question"]
     assert any("Task t2" in q["text"] and "conflict" in q["text"] for q in asked), asked
