@@ -210,12 +210,15 @@ def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig
     assert code == 0, out + err
     assert "left by an earlier engine" not in out
     # (the re-run's CLI may also say something after its own run closed: refused too,
-    # under its own run)
-    [record] = [e for e in events(sd) if e["topic"] == "emit.refused"
-                and e.get("run") == dead_run]
-    assert record["payload"]["payload"] == Brain.EVIDENCE
-    assert record["payload"]["topic"] == "build.done"
-    assert record["payload"]["why"] == "its run ended with the engine that ran it"
+    # under its own run; and the dead run's shell, its sleep stopped by SIGTERM, may have
+    # reached its own `emit` within the grace: refused the same way)
+    records = [e for e in events(sd) if e["topic"] == "emit.refused"
+               and e.get("run") == dead_run]
+    assert 1 <= len(records) <= 2, records
+    for record in records:
+        assert record["payload"]["payload"] == Brain.EVIDENCE
+        assert record["payload"]["topic"] == "build.done"
+        assert record["payload"]["why"] == "its run ended with the engine that ran it"
     assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
     taken = [e for e in events(sd) if e["topic"] == "build.done"]
     assert taken and all(e["run"] != dead_run for e in taken), taken
