@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from session_store import PlannedTask, progress
-from states.context import Streaks
+from session_store import Attempt, PlannedTask, progress
+from states.context import IterationView, RoleRun, Streaks
 
 from .attempts import run_until_outcome
 from .mailbox import Mode
@@ -37,14 +37,12 @@ class Work:
 
     # --- the iteration ---
 
-    def iteration(self):
-        return self._tracker.iteration()
+    def iteration(self) -> IterationView:
+        return IterationView(*self._tracker.iteration())
 
-    def save_iteration(self, meta) -> None:
-        self._tracker.save_iteration(meta)
-
-    def earlier_iteration(self, number: int):
-        return self._tracker.earlier(number)
+    def earlier_iteration(self, number: int) -> IterationView | None:
+        earlier = self._tracker.earlier(number)
+        return IterationView(*earlier) if earlier is not None else None
 
     def tasks(self):
         return self._tracker.tasks()
@@ -57,6 +55,30 @@ class Work:
 
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         self._tracker.record_plan(tasks)
+
+    def record_nothing_left(self) -> None:
+        self._tracker.record_nothing_left()
+
+    def record_questioner_done(self) -> None:
+        self._tracker.record_questioner_done()
+
+    def record_attempt(self, task: PlannedTask, ran: RoleRun, outcome: str) -> None:
+        self._tracker.record_attempt(Attempt(
+            task.id, task.title, outcome, ran.exit_code, ran.timed_out, ran.duration,
+            [(e["topic"], e["payload"]) for e in ran.events],
+            "\n".join(ran.output.splitlines()[-40:])))
+
+    def record_review(self, task: PlannedTask, verdict: str, reason) -> None:
+        self._tracker.record_review(task, verdict, reason)
+
+    def record_batch_failed(self, batch: int) -> None:
+        self._tracker.record_batch_failed(batch)
+
+    def record_librarian_done(self) -> None:
+        self._tracker.record_librarian_done()
+
+    def set_knowledge_deadline(self, deadline) -> None:
+        self._tracker.set_knowledge_deadline(deadline)
 
     def accept_task(self, task: PlannedTask):
         """Its outcome is done: committed (in a git workspace; a git that fails pauses),

@@ -81,10 +81,9 @@ class LimitKeeper:
         if action == "pause":   # the human resumes when they choose
             return Next(Trigger.PAUSE, f"{agent.backend.value} hit its usage limit ({words}); "
                         f"it resets at {at_utc(reset)}; on_limit: pause", PauseKind.USAGE_LIMIT)
-        self.tracker.metadata.limit_wait = LimitWait(
+        self.tracker.set_limit_wait(LimitWait(
             agent=agent.backend.value, role=role, task=task_id, since=now, until=retry_at,
-            text=words, reset_given=limit.until is not None, switched_to=fallback)
-        self.tracker.save()
+            text=words, reset_given=limit.until is not None, switched_to=fallback))
         if fallback:
             self._say(f"{agent.backend.value} hit its usage limit ({words}): the {role} runs "
                       f"on {fallback} until {at_utc(retry_at)}")
@@ -119,11 +118,10 @@ class LimitKeeper:
         w = self.waiting
         if w is None:
             return
-        self.tracker.metadata.limit_wait = None
         self._publish("limit.over", {"agent": w.agent, "why": why,
                                      "waited_seconds": round((self.clock.now() - w.since)
                                                              .total_seconds(), 3)})
-        self.tracker.save()
+        self.tracker.set_limit_wait(None)
 
     def describe(self, w: LimitWait) -> str:
         return describe_limit_wait(w, self.clock.now())

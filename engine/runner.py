@@ -186,8 +186,7 @@ class AgentRunner:
         it, _ = self.tracker.iteration()
         self.inlet.drain()
         self._bus.read_new()   # what came before this run is not its output
-        self.tracker.metadata.usage.agent_invocations += 1   # names its logs (see Tracker)
-        seq = self.tracker.metadata.usage.agent_invocations
+        seq = self.tracker.count_invocation()
         name = f"{role}-{task.id}" if task else role
         # counted here once seeded from the logs (a resume's): the logs are the agents' to
         # delete (a `git clean`), the count is not
@@ -243,7 +242,7 @@ class AgentRunner:
         """The conversation an interrupted run of this step left, to continue on the same
         backend; any other step starts afresh (a fresh context between tasks)."""
         cut = self.tracker.metadata.interrupted
-        self.tracker.metadata.interrupted = None
+        self.tracker.set_interrupted(None)
         if cut is not None and cut.unit == unit and cut.agent == agent.backend.value:
             self._say(f"continuing the {agent.backend.value} conversation of the interrupted "
                       f"run")
@@ -252,8 +251,8 @@ class AgentRunner:
 
     def _interrupted(self, prepared: _Prepared, outcome: Outcome) -> None:
         if outcome.conversation:
-            self.tracker.metadata.interrupted = InterruptedRun(
-                prepared.unit, prepared.agent.backend.value, outcome.conversation)
+            self.tracker.set_interrupted(InterruptedRun(
+                prepared.unit, prepared.agent.backend.value, outcome.conversation))
 
     def _forget_attempt(self, prepared: _Prepared) -> None:
         """A run that ended on its CLI's limit was no attempt: the retry has its number."""

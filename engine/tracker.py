@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from session_store import (Iteration, IterationMetadata, PlannedTask, Session, State,
-                           progress)
+from session_store import (Attempt, InterruptedRun, Iteration, IterationMetadata,
+                           LastTransitionRecord, LimitWait, PauseKind, PlannedTask, Rejection,
+                           Session, State, Status, progress)
 
 
 class Tracker:
@@ -50,6 +51,62 @@ class Tracker:
         if self._current is not None and self._current[0].number == self.metadata.iteration:
             self._count_tasks()
         self.session.save(self.clock.now())
+
+    # --- the session's intents: each changes metadata; the caller's commit point saves
+
+    def record_transition(self, source: State, dest: State, trigger: str,
+                          reason: str | None, signal: str | None) -> None:
+        """The machine changed state: the commit point of a transition (saved here)."""
+        o = self.metadata.orchestrator
+        o.previous_state, o.state = source, dest
+        o.transitions += 1
+        if signal is not None:
+            o.last_signal = signal
+        o.last_transition = LastTransitionRecord(
+            n=o.transitions, trigger=trigger, source=source, dest=dest, reason=reason,
+            at=self.clock.now())
+        self.save()
+
+    def begin_next_iteration(self) -> None:
+        self.metadata.iteration += 1
+        self.metadata.batch = 1
+        observed = self.metadata.fallback  # the assessor's counters are per iteration
+        observed.gates_passed = observed.gates_failed = observed.blockers_in_iteration = 0
+        observed.errors, observed.error_unit = 0, None
+
+    def begin_next_batch(self) -> None:
+        self.metadata.batch += 1
+
+    def set_paused(self, reason: str | None, kind: PauseKind) -> None:
+        o = self.metadata.orchestrator
+        o.pause_reason, o.pause_kind = reason, kind
+        self.metadata.status = Status.PAUSED
+
+    def set_active(self) -> None:
+        o = self.metadata.orchestrator
+        o.pause_reason = o.pause_kind = None
+        self.metadata.status = Status.ACTIVE
+        # the operator looked at it: failures from before the pause are no streak to report
+        self.metadata.fallback.errors = 0
+
+    def set_ended(self, status: Status) -> None:
+        self.metadata.status = status
+        self.metadata.completed_at = self.clock.now()
+
+    def set_limit_wait(self, wait: LimitWait | None) -> None:
+        """A usage limit waited out (None: over); saved at once, so a resume waits too."""
+        self.metadata.limit_wait = wait
+        self.save()
+
+    def count_invocation(self) -> int:
+        """A new agent run: its number (it names the run's logs)."""
+        self.metadata.usage.agent_invocations += 1
+        return self.metadata.usage.agent_invocations
+
+    def set_interrupted(self, run: InterruptedRun | None) -> None:
+        """The conversation a run cut short left (a limit, a pause), for its step's next
+        run; saved with the next commit point."""
+        self.metadata.interrupted = run
 
     def _count_tasks(self) -> None:
         _, meta, lines = self._current
@@ -103,6 +160,48 @@ class Tracker:
         meta.tasks_defined = tasks
         meta.planning_completed_at = self.clock.now()
         it.save(meta)  # the commit point: planning is done once this is on disk
+
+    def record_nothing_left(self) -> None:
+        it, meta = self.iteration()
+        meta.planning_completed_at = self.clock.now()
+        it.save(meta)
+
+    def record_questioner_done(self) -> None:
+        it, meta = self.iteration()
+        meta.questioner_done = True
+        it.save(meta)
+
+    def record_attempt(self, attempt: Attempt) -> None:
+        it, _ = self.iteration()
+        it.record_attempt(attempt)
+
+    def record_review(self, task: PlannedTask, verdict: str, reason) -> None:
+        it, meta = self.iteration()
+        if verdict == "rejected":
+            # once per task: a crash between this write and the review (the commit
+            # point) reviews the task again, and must not record a second rejection
+            meta.rejections = [r for r in meta.rejections if r.task != task.id]
+            meta.rejections.append(Rejection(task.id, reason))
+            it.save(meta)
+        it.write_review(task.id, task.title, verdict, reason)
+
+    def record_batch_failed(self, batch: int) -> None:
+        it, meta = self.iteration()
+        if batch not in meta.failed_batches:
+            meta.failed_batches.append(batch)
+            it.save(meta)
+
+    def record_librarian_done(self) -> None:
+        it, meta = self.iteration()
+        meta.knowledge_staged = bool(it.knowledge.staged())
+        meta.librarian_done = True
+        if meta.knowledge_staged:   # otherwise finish_iteration writes it: one write
+            it.save(meta)
+
+    def set_knowledge_deadline(self, deadline) -> None:
+        it, meta = self.iteration()
+        meta.knowledge_deadline = deadline
+        it.save(meta)
 
     def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
         """progress.md is the truth of markers; a task in progress needs no fsync (lost to

@@ -9,7 +9,7 @@ import enum
 from datetime import datetime
 from typing import Callable, NamedTuple, Protocol
 
-from session_store import (Iteration, IterationMetadata, PauseKind, PlannedTask,
+from session_store import (Iteration, IterationMetadata, PauseKind, PlannedTask, Rejection,
                            SessionMetadata, progress)
 
 COMPLETION = "LOOP_COMPLETE"   # the planner's "nothing is left" (DESIGN §5 role contract)
@@ -70,6 +70,78 @@ class Streaks(NamedTuple):
 AfterEach = Callable[[RoleRun, str], None]
 
 
+class IterationView:
+    """An iteration as a state reads it: read-only, its lists as tuples. A state changes
+    it only through the context's intents (`record_attempt`, `record_review`, ...), which
+    the engine's tracker carries out and persists."""
+    __slots__ = ("_files", "_meta")
+
+    def __init__(self, files: Iteration, meta: IterationMetadata):
+        self._files, self._meta = files, meta
+
+    @property
+    def number(self) -> int:
+        return self._files.number
+
+    @property
+    def tasks_defined(self) -> tuple[PlannedTask, ...]:
+        return tuple(self._meta.tasks_defined)
+
+    @property
+    def planning_completed(self) -> bool:
+        """Planning's commit point is passed (a plan, or the planner's "nothing left")."""
+        return self._meta.planning_completed_at is not None
+
+    @property
+    def questioner_done(self) -> bool:
+        return self._meta.questioner_done
+
+    @property
+    def librarian_done(self) -> bool:
+        return self._meta.librarian_done
+
+    @property
+    def knowledge_staged(self) -> bool:
+        return self._meta.knowledge_staged
+
+    @property
+    def knowledge_decision(self) -> str | None:
+        return self._meta.knowledge_decision
+
+    @property
+    def knowledge_deadline(self) -> datetime | None:
+        return self._meta.knowledge_deadline
+
+    @property
+    def failed_batches(self) -> tuple[int, ...]:
+        return tuple(self._meta.failed_batches)
+
+    @property
+    def rejections(self) -> tuple[Rejection, ...]:
+        return tuple(self._meta.rejections)
+
+    def batches(self) -> list[int]:
+        return self._meta.batches()
+
+    def tasks_of_batch(self, batch: int) -> list[PlannedTask]:
+        return self._meta.tasks_of_batch(batch)
+
+    def progress(self) -> list[progress.TaskLine]:
+        return self._files.progress()
+
+    def attempt_outcomes(self, task_id: str) -> list[str]:
+        return self._files.attempt_outcomes(task_id)
+
+    def latest_report(self, task_id: str) -> str | None:
+        return self._files.latest_report(task_id)
+
+    def has_review(self, task_id: str) -> bool:
+        return self._files.has_review(task_id)
+
+    def staged_knowledge(self) -> list[str]:
+        return self._files.knowledge.staged()
+
+
 class StateContext(Protocol):
     """The engine, as the states see it."""
 
@@ -83,11 +155,9 @@ class StateContext(Protocol):
 
     # --- the current iteration ---
 
-    def iteration(self) -> tuple[Iteration, IterationMetadata]: ...
+    def iteration(self) -> IterationView: ...
 
-    def save_iteration(self, meta: IterationMetadata) -> None: ...
-
-    def earlier_iteration(self, number: int) -> tuple[Iteration, IterationMetadata] | None:
+    def earlier_iteration(self, number: int) -> IterationView | None:
         """An earlier iteration (its leftovers): None if it never started."""
 
     def tasks(self) -> list[progress.TaskLine]: ...
@@ -98,6 +168,27 @@ class StateContext(Protocol):
 
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         """The plan's files, then planning_completed_at: the commit point of planning."""
+
+    def record_nothing_left(self) -> None:
+        """The planner says nothing is left: planning's commit point, with no tasks."""
+
+    def record_questioner_done(self) -> None: ...
+
+    def record_attempt(self, task: PlannedTask, ran: RoleRun, outcome: str) -> None:
+        """One attempt at a task, as its report (one per attempt)."""
+
+    def record_review(self, task: PlannedTask, verdict: str, reason) -> None:
+        """approved | rejected | not reviewed: the review is the commit point of a review;
+        a rejection (recorded once per task) reaches the next iteration's planning."""
+
+    def record_batch_failed(self, batch: int) -> None:
+        """Every task of `batch` failed: the session pauses (once per batch)."""
+
+    def record_librarian_done(self) -> None:
+        """The Librarian ran: whether it staged knowledge is now known."""
+
+    def set_knowledge_deadline(self, deadline: datetime) -> None:
+        """When an undecided approval carries the knowledge forward (kept across restarts)."""
 
     def accept_task(self, task: PlannedTask) -> Next | None:
         """A task whose outcome is done: in a git workspace its changes as one commit (a

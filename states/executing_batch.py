@@ -10,44 +10,40 @@ batch in which every task failed pauses the session.
 """
 from __future__ import annotations
 
-from session_store import Attempt, PauseKind, progress
+from session_store import PauseKind, progress
 
 from .context import Next, RoleRun, StateContext, Streaks, Trigger
 
 
 def run(ctx: StateContext) -> Next:
-    it, meta = ctx.iteration()
+    it = ctx.iteration()
     batch = ctx.metadata.batch
-    todo = [t for t in meta.tasks_of_batch(batch) if ctx.marker(t.id) not in progress.FINISHED]
-    if stop := ctx.run_tasks(todo, lambda lane, task: execute(lane, it, task)):
+    todo = [t for t in it.tasks_of_batch(batch) if ctx.marker(t.id) not in progress.FINISHED]
+    if stop := ctx.run_tasks(todo, execute):
         return stop
     tasks = [t for t in ctx.tasks() if t.batch == batch]
     done = sum(t.marker == progress.DONE for t in tasks)
-    if done == 0 and batch not in meta.failed_batches:
-        meta.failed_batches.append(batch)
-        ctx.save_iteration(meta)
+    if done == 0 and batch not in it.failed_batches:
+        ctx.record_batch_failed(batch)
         reasons = "; ".join(f"{t.id}: {t.note}" for t in tasks)
         return Next(Trigger.PAUSE, f"every task of batch {batch} failed ({reasons})",
                     PauseKind.FAILURE)
     return Next(Trigger.BATCH_DONE, f"batch {batch}: {done} done, {len(tasks) - done} failed")
 
 
-def execute(ctx: StateContext, it, task) -> Next | None:
+def execute(ctx: StateContext, task) -> Next | None:
     """One task: [/], the executor until an outcome, then accepted or [F]."""
     ctx.set_marker(task.id, progress.IN_PROGRESS)
 
     def record(ran: RoleRun, outcome: str) -> None:
-        it.record_attempt(Attempt(
-            task.id, task.title, outcome, ran.exit_code, ran.timed_out, ran.duration,
-            [(e["topic"], e["payload"]) for e in ran.events],
-            "\n".join(ran.output.splitlines()[-40:])))
+        ctx.record_attempt(task, ran, outcome)
 
     verdict = ctx.run_until_outcome(
         "executor", task,
         [{"topic": "task.start", "payload": {"id": task.id, "title": task.title,
                                              "description": task.description}}],
         done=("build.done",), failed=("task.failed",), blocked="build.blocked",
-        streaks=streaks(it.attempt_outcomes(task.id)), after_each=record)
+        streaks=streaks(ctx.iteration().attempt_outcomes(task.id)), after_each=record)
     if isinstance(verdict, Next):
         return verdict
     if verdict.kind == "done":

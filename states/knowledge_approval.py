@@ -12,9 +12,9 @@ from .context import Next, StateContext, Trigger
 
 
 def run(ctx: StateContext) -> Next:
-    _it, meta = ctx.iteration()
+    it = ctx.iteration()
     approval, timeout = ctx.knowledge_policy()
-    if meta.knowledge_decision is None:
+    if it.knowledge_decision is None:
         if approval == "auto":
             ctx.promote_knowledge("knowledge.approval: auto")
         elif approval == "skip":
@@ -28,24 +28,24 @@ def run(ctx: StateContext) -> Next:
         if stop := ctx.take_decision_signals():
             return stop
     ctx.finish_iteration()
-    return Next(Trigger.NEXT_ITERATION, f"knowledge {meta.knowledge_decision}")
+    return Next(Trigger.NEXT_ITERATION, f"knowledge {it.knowledge_decision}")
 
 
 def _await_decision(ctx: StateContext, timeout: float) -> Next | None:
     """Wait for APPROVE or SKIP; at the deadline (kept across restarts) carry it forward."""
-    it, meta = ctx.iteration()
-    if meta.knowledge_deadline is None:
-        meta.knowledge_deadline = ctx.now() + timedelta(seconds=timeout)
-        ctx.save_iteration(meta)
+    it = ctx.iteration()
+    if it.knowledge_deadline is None:
+        ctx.set_knowledge_deadline(ctx.now() + timedelta(seconds=timeout))
+    deadline = it.knowledge_deadline
     ctx.say(f"knowledge staged in iteration {it.number}: waiting for "
             f"`ralph signal approve` or `ralph signal skip` until "
-            f"{meta.knowledge_deadline.isoformat(timespec='seconds')}")
+            f"{deadline.isoformat(timespec='seconds')}")
     while True:
         if stop := ctx.take_decision_signals():
             return stop
-        if meta.knowledge_decision is not None:
+        if it.knowledge_decision is not None:
             return None
-        if ctx.now() >= meta.knowledge_deadline:
+        if ctx.now() >= deadline:
             ctx.carry_knowledge()
             return None
-        ctx.wait_until(meta.knowledge_deadline)
+        ctx.wait_until(deadline)

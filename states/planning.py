@@ -11,16 +11,15 @@ from .context import COMPLETION, Next, StateContext, Trigger
 
 
 def run(ctx: StateContext) -> Next:
-    it, meta = ctx.iteration()
-    if ctx.role_enabled("questioner") and not meta.questioner_done \
-            and meta.planning_completed_at is None:
+    it = ctx.iteration()
+    if ctx.role_enabled("questioner") and not it.questioner_done \
+            and not it.planning_completed:
         # the Questioner turns what is ambiguous into human questions before the plan
         ran = ctx.run_role("questioner")
         if isinstance(ran, Next):
             return ran
-        meta.questioner_done = True
-        ctx.save_iteration(meta)
-    if meta.planning_completed_at is None:
+        ctx.record_questioner_done()
+    if not it.planning_completed:
         clarified = [{"topic": "human.response", "payload": {"question": q, "answer": a}}
                      for q, a in ctx.human_answers("questioner")]
         verdict = ctx.run_until_outcome("planner", None, _leftovers(ctx) + clarified,
@@ -31,8 +30,7 @@ def run(ctx: StateContext) -> Next:
             return Next(Trigger.PAUSE, f"the planner produced no plan: {verdict.reason}",
                         PauseKind.FAILURE)
         if verdict.event["topic"] == COMPLETION:
-            meta.planning_completed_at = ctx.now()
-            ctx.save_iteration(meta)
+            ctx.record_nothing_left()
         else:
             try:
                 tasks = _tasks_of(verdict.event)
@@ -40,10 +38,10 @@ def run(ctx: StateContext) -> Next:
                 return Next(Trigger.PAUSE, f"the planner's plan is unusable: {e}",
                             PauseKind.FAILURE)
             ctx.record_plan(tasks)
-    if not meta.tasks_defined:
+    if not it.tasks_defined:
         return Next(Trigger.OBJECTIVE_MET, "the planner says nothing is left")
     return Next(Trigger.PLAN_READY,
-                f"{len(meta.tasks_defined)} tasks in {len(meta.batches())} batches")
+                f"{len(it.tasks_defined)} tasks in {len(it.batches())} batches")
 
 
 def _tasks_of(event: dict) -> list[PlannedTask]:
@@ -67,16 +65,13 @@ def _tasks_of(event: dict) -> list[PlannedTask]:
 
 def _leftovers(ctx: StateContext) -> list[dict]:
     """What the previous iteration left for the planner: failed tasks, rejected reviews."""
-    it, _meta = ctx.iteration()
-    if it.number < 2:
+    number = ctx.iteration().number
+    previous = ctx.earlier_iteration(number - 1) if number > 1 else None
+    if previous is None:
         return []
-    earlier = ctx.earlier_iteration(it.number - 1)
-    if earlier is None:
-        return []
-    previous, meta = earlier
     pending = [{"topic": "task.failed", "payload": {"task": t.id, "title": t.title,
                                                     "reason": t.note}}
                for t in previous.progress() if t.marker == progress.FAILED]
     pending += [{"topic": "review.rejected", "payload": {"task": r.task, "reason": r.reason}}
-                for r in meta.rejections]
+                for r in previous.rejections]
     return pending

@@ -57,3 +57,18 @@ def test_modules_stay_small(layer):
     big = [f"{path.relative_to(REPO)}: {n} lines" for path in modules(layer)
            if (n := len(path.read_text().splitlines())) > MAX_LINES]
     assert not big, "\n".join(big)
+
+
+# what a state may take from the store: values and the words to read them, never a
+# writable object of its (states change the session through the context's intents)
+STATES_READ = {"State", "PauseKind", "PlannedTask", "BadInput", "check_id", "progress",
+               "structure"}
+
+
+def test_states_act_through_the_context():
+    taken = [f"{path.relative_to(REPO)}:{node.lineno} takes {alias.name} from the store"
+             for path in modules("states") if path.name != "context.py"
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and node.module == "session_store"
+             for alias in node.names if alias.name not in STATES_READ]
+    assert not taken, "\n".join(taken)

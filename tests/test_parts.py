@@ -487,3 +487,20 @@ def test_a_whole_session_in_process(session, clock):
     assert [t["trigger"] for t in (e["payload"] for e in events(session.dir)
                                    if e["topic"] == "session.transition")] == [
         "plan_ready", "batch_done", "next_iteration", "objective_met"]
+
+
+def test_a_state_reads_an_iteration_it_cannot_change(tmp_path):
+    from datetime import datetime, timezone
+
+    from session_store import Iteration
+    from states.context import IterationView
+    it = Iteration(str(tmp_path), 1)
+    it.make_work_dirs()
+    meta = it.start(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    meta.tasks_defined = [PlannedTask("t1", "one")]
+    view = IterationView(it, meta)
+    assert view.tasks_defined == (PlannedTask("t1", "one"),) and not view.planning_completed
+    with pytest.raises(AttributeError):
+        view.planning_completed = True
+    with pytest.raises(AttributeError):
+        view.tasks_defined.append(PlannedTask("t2", "two"))

@@ -75,17 +75,10 @@ class SessionMachine:
         return condition
 
     def _persist_metadata(self, event) -> None:
-        tracker, nxt = self._tracker, event.kwargs["next"]
-        o = tracker.metadata.orchestrator
-        o.previous_state = State(event.transition.source)
-        o.state = State(event.transition.dest)
-        o.transitions += 1
-        if nxt.signal is not None:
-            o.last_signal = nxt.signal.name
-        o.last_transition = LastTransitionRecord(
-            n=o.transitions, trigger=nxt.trigger.value, source=o.previous_state, dest=o.state,
-            reason=nxt.reason, at=tracker.clock.now())
-        tracker.save()
+        nxt = event.kwargs["next"]
+        self._tracker.record_transition(
+            State(event.transition.source), State(event.transition.dest), nxt.trigger.value,
+            nxt.reason, nxt.signal.name if nxt.signal is not None else None)
 
     def _record_transition(self, event) -> None:
         self._record(self._tracker.metadata.orchestrator.last_transition)

@@ -1,43 +1,33 @@
 """What each trigger does to the session once the state has changed (the table's
-`effect` column). Each takes the Tracker and the Next that was fired."""
+`effect` column). Each takes the Tracker and the Next that was fired, and says what
+happened through the tracker's intents (the tracker alone writes the session's metadata;
+the transition's save persists it)."""
 from __future__ import annotations
 
 from session_store import PauseKind, Status, progress
 
 
 def next_iteration(tracker, nxt) -> None:
-    tracker.metadata.iteration += 1
-    tracker.metadata.batch = 1
-    observed = tracker.metadata.fallback  # the assessor's counters are per iteration
-    observed.gates_passed = observed.gates_failed = observed.blockers_in_iteration = 0
-    observed.errors, observed.error_unit = 0, None
+    tracker.begin_next_iteration()
 
 
 def next_batch(tracker, nxt) -> None:
-    tracker.metadata.batch += 1
+    tracker.begin_next_batch()
 
 
 def pause(tracker, nxt) -> None:
-    o = tracker.metadata.orchestrator
-    o.pause_reason = nxt.reason
-    o.pause_kind = nxt.kind or PauseKind.SIGNAL
-    tracker.metadata.status = Status.PAUSED
+    tracker.set_paused(nxt.reason, nxt.kind or PauseKind.SIGNAL)
     if nxt.signal is not None:
         # [/] tasks stay as they are (they run again on resume), with a note
         tracker.mark_in_progress(progress.IN_PROGRESS, "Paused by signal")
 
 
 def resume(tracker, nxt) -> None:
-    o = tracker.metadata.orchestrator
-    o.pause_reason = o.pause_kind = None
-    tracker.metadata.status = Status.ACTIVE
-    # the operator looked at it: failures from before the pause are not a streak to report
-    tracker.metadata.fallback.errors = 0
+    tracker.set_active()
 
 
 def complete(tracker, nxt) -> None:
-    tracker.metadata.status = Status.COMPLETED
-    tracker.metadata.completed_at = tracker.clock.now()
+    tracker.set_ended(Status.COMPLETED)
 
 
 def abort(tracker, nxt) -> None:
@@ -45,5 +35,4 @@ def abort(tracker, nxt) -> None:
     reverted."""
     tracker.mark_in_progress(progress.FAILED, "Aborted by signal")
     tracker.finish_iteration()
-    tracker.metadata.status = Status.ABORTED
-    tracker.metadata.completed_at = tracker.clock.now()
+    tracker.set_ended(Status.ABORTED)
