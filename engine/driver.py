@@ -86,8 +86,11 @@ class Engine:
             admit=lambda: limit_reached(tracker) or desk.hold(), wakeup=self.wakeup,
             say=self.say, clock=self.clock)
         desk.on_answer.append(self._answered)
-        self.assessor = Assessor(session, tracker, desk, config.fallback, state=state,
-                                 work=lambda: (runner.current_task, runner.latest_outcome))
+        self.assessor = assessor = Assessor(
+            session, tracker, desk, config.fallback, state=state,
+            work=lambda: (runner.current_task, runner.latest_outcome))
+        tracker.on_task_done.append(assessor.task_completed)
+        desk.on_answer.append(assessor.after_answer)
         self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback,
                                     outside_allowed=outside)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]

@@ -106,8 +106,6 @@ class Assessor:
         self.settings = settings      # fallback config
         self._state = state           # the machine's current state
         self._work = work             # () -> (current task or None, latest build/verify outcome)
-        tracker.on_task_done.append(self.task_completed)
-        desk.on_answer.append(self.after_answer)
 
     @property
     def obs(self):
