@@ -12,7 +12,7 @@ import re
 import shutil
 from collections import Counter
 
-from session_store import BadInput, State, load, read_events, running_pid
+from session_store import BadInput, State, load, running_pid
 
 from .machine import rows_for_transitions
 from .safe_text import printable
@@ -72,7 +72,7 @@ def session_path(workspace: str, session_id: str) -> tuple[State, SessionPath]:
     records)."""
     from .views import standing
     session = load(workspace, session_id)
-    records, _ = read_events(session.dir)
+    records = session.events_after(0)
     steps = [(str(r["payload"].get("from")), str(r["payload"].get("trigger")),
               str(r["payload"].get("to")))
              for r in records if r["topic"] == "session.transition"

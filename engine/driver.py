@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from session_store import (DiskFault, PauseKind, Session, State, Status, acquire_lock,
-                           engine_watch_paths)
+from session_store import DiskFault, PauseKind, Session, State, Status, acquire_lock
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -38,7 +37,7 @@ from .knowledge import KnowledgeKeeper
 from .lanes import EngineLock, Wakeups
 from .limits import LimitKeeper
 from .machine import Hook, SessionMachine
-from .mailbox import Mailbox, Mode, watch
+from .mailbox import Mailbox, Mode
 from .runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
 from .parallel import ParallelBatch
@@ -156,7 +155,6 @@ class Engine:
 
     def _run(self, resume: bool) -> int:
         self.console.start()
-        d = self.session.dir
         # a dead engine's runs may have left processes (tools in sessions of their own
         # outlive a SIGKILL'd CLI): none of them goes on, nor is heard
         work = self.session.work_dir
@@ -165,8 +163,7 @@ class Engine:
             self.say(f"stopped {left} process(es) left by an earlier engine's agent runs")
         # the bus too: what agents append while they run (in-run questions, progress
         # notes) is shown as it lands
-        files, paths, trees = engine_watch_paths(d, self.session.work_dir)
-        stop_watching = watch(paths, self.wakeup, trees=trees, files=files)
+        stop_watching = self.session.subscribe(self.wakeup)
         if stop_watching.failed:   # loud: wakeups now come from a 1 s poll
             self.say(f"no file-system watcher works here ({stop_watching.failed}): "
                      f"looking for signals and answers by polling instead")

@@ -108,7 +108,7 @@ class AgentRunner:
         self._open_run: str | None = None     # the run whose outbox lines are taken now
         self.tree = session.workspace   # where its agents work (a lane's: its worktree)
         self.batch: Batch | None = None    # a parallel batch's lanes share its stop
-        self._bus = session.events_after(None)
+        self._bus = session.reader()
         self._attempts: dict[tuple[int, str], int] = {}   # (iteration, role[-task]): runs
         self._ralph = ralph_argv()
         # what every run inherits: the engine's environment, less the secrets and the

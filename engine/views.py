@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, State, Status, complete_size, list_ids,
-                           load, progress, read_events, running_pid, tail_events, unstructure)
+from session_store import (BadInput, PauseKind, State, Status, list_ids, load, progress,
+                           running_pid, unstructure)
 
 from .safe_text import author, clock, excerpt, field, printable
 
@@ -61,7 +61,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
-        "last_events": tail_events(session.dir, last_events),
+        "last_events": session.tail(last_events),
     }
 
 
@@ -326,25 +326,25 @@ def tail(workspace: str, session_id: str, *, follow: bool, count: int, as_json: 
     import sys
     import threading
 
-    from .mailbox import watch
     session = load(workspace, session_id)
-    offset = complete_size(session.dir)
+    seq = session.last_seq()
 
     def show(batch):
         for e in batch:
             # JSON's \u escapes keep the record exact and every control character off
             # the terminal (C1 and bidi controls too: ensure_ascii)
             print(json.dumps(e) if as_json else event_line(e), flush=True)
-    show(tail_events(session.dir, count, offset) if count > 0 else [])
+    show(session.tail(count) if count > 0 else [])
     if not follow:
         return 0
     woken = threading.Event()
-    stop = watch([session.dir], woken)
+    stop = session.follow(woken)
     try:
         while True:
             woken.wait(1.0)
             woken.clear()
-            batch, offset = read_events(session.dir, offset)
+            batch = session.events_after(seq)
+            seq = batch[-1]["seq"] if batch else seq
             show(batch)
             if any(e["topic"] == "session.transition" and e.get("source") == "engine"
                    and isinstance(e.get("payload"), dict) and e["payload"].get("to") == "COMPLETE"

@@ -231,6 +231,30 @@ def _records(lines):
                 yield record
 
 
+def events_after(session_dir: str, seq: int) -> list[dict]:
+    """The complete records whose seq is past `seq`, oldest first: a reader's cursor is a
+    seq, never a byte offset. Read from the end back, so a cursor near the end costs what
+    is new, whatever the bus's size."""
+    newer = []
+    for record in backwards(session_dir):
+        at = _seq_of(record)
+        if 0 <= at <= seq:
+            break
+        if at >= 0:   # a record without a seq is no record of the bus's
+            newer.append(record)
+    return newer[::-1]
+
+
+def last_seq(session_dir: str) -> int:
+    """The seq of the last complete record (0: none yet)."""
+    return next((s for r in backwards(session_dir) if (s := _seq_of(r)) >= 0), 0)
+
+
+def _seq_of(record: dict) -> int:
+    seq = record.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else -1
+
+
 def last_event(session_dir: str, match) -> dict | None:
     """The newest complete record for which `match(record)` is true."""
     return next((r for r in backwards(session_dir) if match(r)), None)

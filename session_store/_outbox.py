@@ -109,6 +109,18 @@ def not_heard(work_dir: str, head: dict | None, run: str | None) -> str | None:
     return None
 
 
+def inbox_watch(work_dir: str, woken):
+    """inotify on the inbox, started: a reply renamed in sets `woken` at once (`stop()`
+    ends it); None where it cannot watch (the waiter then looks every 50 ms)."""
+    from ._watch import IN_LANDED, FileWatch
+    try:
+        watch = FileWatch(os.path.join(work_dir, INBOX), woken, IN_LANDED)
+    except OSError:
+        return None
+    watch.start()
+    return watch
+
+
 def engine_alive(work_dir: str) -> bool:
     try:
         fd = os.open(os.path.join(work_dir, ENGINE_LOCK), os.O_RDONLY | os.O_NOFOLLOW

@@ -7,18 +7,23 @@ import os
 import re
 import shutil
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_nofollow,
+from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
 from ._work import WorkArea
 from ._convert import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
-from ._events import append_event, backwards, complete_size, last_event, read_events
+from ._events import (append_event, backwards, complete_size, events_after, last_event,
+                      last_seq, read_events, tail_events)
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import GitInfo, Limits, SessionMetadata
 from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
 from ._schema import dump_plain, parse_yaml
 from ._types import Status
+
+if TYPE_CHECKING:
+    from ._watch import Watching
 
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
@@ -90,12 +95,37 @@ class Session:
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
                             state=m.orchestrator.state.value, ts=ts, run=run, via=via)
 
-    def read_events(self, offset: int = 0):
-        return read_events(self.dir, offset)
+    def reader(self) -> "EventReader":
+        """An incremental reader of what is appended from now on."""
+        return EventReader(self.dir, None)
 
-    def events_after(self, offset: int) -> "EventReader":
-        """An incremental reader from byte `offset` (0: the start; None: the end now)."""
-        return EventReader(self.dir, offset)
+    def events_after(self, seq: int) -> list[dict]:
+        """The records past `seq` (a reader's cursor), oldest first."""
+        return events_after(self.dir, seq)
+
+    def last_seq(self) -> int:
+        return last_seq(self.dir)
+
+    def tail(self, count: int) -> list[dict]:
+        """The newest `count` records, oldest first."""
+        return tail_events(self.dir, count)
+
+    # --- wakeups (a database backend would use its own notifications) ---
+
+    def subscribe(self, wakeup) -> "Watching":
+        """Set `wakeup` when something the engine acts on lands: a signal, a question or
+        an answer in the control plane, a line in the work area's outbox (what agents
+        send, as it lands). Calling the result stops it; its `failed` says why no
+        watcher works (it polls every second then)."""
+        from ._changes import engine_watch_paths
+        from ._watch import watch
+        files, paths, trees = engine_watch_paths(self.dir, self.work_dir)
+        return watch(paths, wakeup, trees=trees, files=files)
+
+    def follow(self, wakeup) -> "Watching":
+        """Set `wakeup` when the bus grows (and at other writes beside it)."""
+        from ._watch import watch
+        return watch([self.dir], wakeup)
 
     def last_event(self, match) -> dict | None:
         """The newest record for which `match(record)` holds, read from the end back."""
@@ -324,21 +354,6 @@ def list_ids(workspace: str) -> list[str]:
     return sorted(n for n in names if ID_PATTERN.fullmatch(n)
                   and not os.path.islink(os.path.join(root, n))
                   and os.path.isfile(os.path.join(root, n, METADATA_FILE)))
-
-
-def open_channel_log(workspace: str, channel: str, name: str) -> tuple[int, str]:
-    """A log a human channel keeps in the sessions root (`.<channel>/<name>.log`, hidden
-    from the session list), opened for appending, private, never through a planted link:
-    e.g. the output of an engine it started. Returns the fd and the path."""
-    folder = os.path.join(sessions_root(workspace), "." + check_id(channel, "channel"))
-    make_dirs(folder)
-    path = os.path.join(folder, check_id(name, "log name") + ".log")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     FILE_MODE)
-    except OSError as e:
-        raise BadInput(f"{path}: cannot be opened ({e.strerror}; symlinks are refused)") from None
-    return fd, path
 
 
 def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False) -> str:

@@ -17,7 +17,7 @@ import yaml
 
 from engine import clock as engine_clock
 from engine.clock import SystemClock
-from engine.mailbox import watch
+from session_store._watch import watch
 from session_store import write_atomic
 from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata, ralph,
                      session_dir, spawn, wait_for, write_config, write_scenario)

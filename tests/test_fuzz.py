@@ -988,6 +988,7 @@ def telegram_ws(tmp_path_factory):
     from engine.channels.telegram.settings import Log
     from engine.channels.telegram.state import BotState
     from engine.channels.telegram.transport import Transport
+    from session_store import ChannelFiles, Sessions
     ws = tmp_path_factory.mktemp("tgfuzz")
     session = create(str(ws), "telegram fuzz", now=now(), session_id="s1")
     _ask(session.dir, "q1")
@@ -1000,10 +1001,10 @@ def telegram_ws(tmp_path_factory):
     async def never_sleep(_seconds):
         return True   # a failed send is not retried here: the bot is "stopping"
 
-    bot_dir = Path(control_root(str(ws))) / ".telegram"   # where the bot keeps its state
-    state = BotState(str(bot_dir / "state.yaml"), str(ws), log)
+    files = ChannelFiles(str(ws), "telegram")   # where the bot keeps its state
+    state = BotState(files, Sessions(str(ws)), log)
     state.remember(ALLOWED, 5001, "s1", "q1")
-    commands = Commands(str(ws), log, primary="s1", state_dir=str(bot_dir))
+    commands = Commands(str(ws), log, primary="s1", files=files)
     commands.resume = lambda sid, rest: f"(resume of {sid} not started in this test)"
     inbox = Inbox(str(ws), [ALLOWED], Transport(TOKEN, "http://127.0.0.1:9", log, never_sleep,
                                                 bot=bot), state, commands, log, never_sleep)

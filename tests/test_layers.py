@@ -72,3 +72,21 @@ def test_states_act_through_the_context():
              if isinstance(node, ast.ImportFrom) and node.module == "session_store"
              for alias in node.names if alias.name not in STATES_READ]
     assert not taken, "\n".join(taken)
+
+
+# the file backend's own ways (byte offsets of the bus, paths to watch, its private
+# modules): above the store, a bus is read by seq and wakeups come from its verbs
+BACKEND_ONLY = {"read_events", "complete_size", "EventReader", "tail_events",
+                "engine_watch_paths", "watch_paths", "change_at", "backwards"}
+
+
+@pytest.mark.parametrize("layer", ("states", "engine"))
+def test_nothing_above_the_store_reads_its_files_as_files(layer):
+    found = [f"{path.relative_to(REPO)}:{node.lineno} takes {name}"
+             for path in modules(layer)
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and node.module
+             and node.module.split(".")[0] == "session_store"
+             for name in ([node.module] if node.module.startswith("session_store._") else [])
+             + [a.name for a in node.names if a.name in BACKEND_ONLY]]
+    assert not found, "\n".join(found)

@@ -18,7 +18,8 @@ from engine.channels.telegram import router
 from engine.channels.telegram.router import (Answer, Command, Guidance, Ignore, Replied, Say,
                                              route)
 from fake_telegram import FakeTelegram
-from session_store import append_event, create, load, questions, sessions_root, signals
+from session_store import (ChannelFiles, Sessions, append_event, create, load, questions,
+                           sessions_root, signals)
 
 TOKEN = "123456:PARTS-MARKER-TOKEN"
 CHAT = 111
@@ -111,7 +112,7 @@ def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
             return False
         transport = Transport(TOKEN, fake.url, log, sleep)
         assert await transport.connect(asyncio.Event())
-        state = BotState(str(state_file), ws, log)
+        state = BotState(ChannelFiles(ws, "telegram"), Sessions(ws), log)
         outbox = Outbox(ws, [CHAT], transport, state, log, stopping=lambda: False, primary="A")
         look = outbox._look
 
@@ -301,5 +302,5 @@ def test_a_reply_to_a_question(tmp_path, before, text, reply):
         questions.answer(sdir, "q1", "postgres", now=now())
     elif before == "cancelled":
         questions.resolve(sdir, q, questions.QuestionStatus.CANCELLED, now())
-    commands = Commands(ws, Log(TOKEN, sink=lambda line: None), state_dir=str(tmp_path / "bot"))
+    commands = Commands(ws, Log(TOKEN, sink=lambda line: None), files=ChannelFiles(ws, "telegram"))
     assert commands.answer("A", "q1", text, chat=CHAT) == reply

@@ -36,7 +36,7 @@ class HumanDesk:
         # qid -> settled | timed_out: what deliver_answers need not read again
         self._question_states: dict[str, str] = {}
         self._announced: set[str] = set()
-        self._feed = session.events_after(None)   # the bus, for what agents tell humans
+        self._feed = session.reader()   # the bus, for what agents tell humans
 
     @property
     def _dir(self) -> str:

@@ -3,7 +3,6 @@ a line in the session's outbox, then `inbox/<id>.json` in the work area, written
 engine. Stdlib and the outbox only: agents call it at every step boundary."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -36,7 +35,7 @@ def request(work_dir: str, kind: str, fields: dict, *, waiting: Waiting | None =
     rid = outbox.new_request_id()
     run = run_id() or hidden_run()
     waiting = waiting or Waiting()
-    watch = _watch(os.path.join(work_dir, outbox.INBOX), waiting.woken)
+    watch = outbox.inbox_watch(work_dir, waiting.woken)
     try:
         why = outbox.post(work_dir, {"kind": kind, "id": rid, "run": run, **fields})
         if why:
@@ -73,15 +72,3 @@ def _forget(work_dir: str, request_id: str, run: str | None) -> None:
         outbox.post(work_dir, {"kind": "ask.gone", "id": request_id, "run": run})
     except OSError:
         pass
-
-
-def _watch(inbox: str, woken: threading.Event):
-    """inotify on the inbox (a reply renamed in wakes the wait at once); None where it
-    cannot watch (the wait then looks every 50 ms)."""
-    from ..inotify import IN_LANDED, FileWatch
-    try:
-        watch = FileWatch(inbox, woken, IN_LANDED)
-    except OSError:
-        return None
-    watch.start()
-    return watch

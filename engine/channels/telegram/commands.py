@@ -15,8 +15,8 @@ import sys
 import threading
 from datetime import datetime, timezone
 
-from session_store import (AlreadyAnswered, BadInput, QuestionCancelled, Status, list_ids, load,
-                           make_dirs, questions, signals)
+from session_store import (AlreadyAnswered, BadInput, ChannelFiles, QuestionCancelled, Status,
+                           list_ids, load, questions, signals)
 
 from . import router
 from .settings import Log
@@ -48,10 +48,10 @@ class Commands:
     """Carries out the router's actions for one workspace; returns the text to reply."""
 
     def __init__(self, workspace: str, log: Log, *, primary: str | None = None,
-                 state_dir: str):
+                 files: ChannelFiles):
         self.ws = workspace
         self.fixed_primary = primary
-        self.state_dir = state_dir   # where /resume's engines write their output
+        self.files = files   # the bot's own files: /resume's engines write their output there
         self.log = log
 
     def run(self, action: router.Action, chat: int | None = None) -> str | None:
@@ -178,7 +178,6 @@ class Commands:
         return clip("\n".join(lines))
 
     def tail(self, sid, rest) -> str:
-        from session_store import tail_events
         sid, why = self._pick(sid)
         if why:
             return why
@@ -188,7 +187,7 @@ class Commands:
             session = load(self.ws, sid)
         except BadInput as e:
             return str(e)
-        records = tail_events(session.dir, count)
+        records = session.tail(count)
         lines = [f"Last {len(records)} events of session {sid}:"]
         for e in records:
             payload = e.get("payload")
@@ -241,9 +240,7 @@ class Commands:
         pid = running_pid(session.dir)
         if pid is not None:
             return f"Session {sid} is running already (engine pid {pid})."
-        make_dirs(self.state_dir)
-        log_path = os.path.join(self.state_dir, f"resume-{sid}.log")
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd, log_path = self.files.open_log(f"resume-{sid}")
         from ...agents import containment
         try:
             with containment.spawning():   # not an agent's orphan: the engine started it

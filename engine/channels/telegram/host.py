@@ -2,7 +2,7 @@
 foreground (`ralph bot run`).
 
 One bot per workspace. An engine runs it when Telegram is on and it wins the workspace
-lock `.ralph-sessions/.telegram.lock` (its session is then the primary one; an engine that
+lock (the store's `ChannelFiles.try_lock`; its session is then the primary one; an engine that
 loses stands by and takes over when the lock frees); `ralph bot run` runs it instead
 (primary: the newest open session). Either way it serves every session of the workspace.
 Nothing the bot meets can crash the engine: it logs one line, backs off and goes on.
@@ -10,12 +10,11 @@ Nothing the bot meets can crash the engine: it logs one line, backs off and goes
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import threading
 from typing import Callable
 
-from session_store import BadInput, make_dirs, sessions_root
+from session_store import BadInput, ChannelFiles, Sessions
 
 from .commands import Commands
 from .inbox import Inbox
@@ -24,9 +23,7 @@ from .settings import Log, Settings, quiet_libraries, settings, stderr_log
 from .state import BotState
 from .transport import Transport
 
-STATE_DIR = ".telegram"
-STATE_FILE = "state.yaml"
-LOCK_FILE = ".telegram.lock"
+CHANNEL = "telegram"   # its files' name in the store (ChannelFiles)
 STANDBY_INTERVAL = 2.0   # how often an engine that lost the lock tries it again
 
 
@@ -39,7 +36,7 @@ class Channel:
         self.settings = settings
         self.primary = primary
         self.log = Log(settings.token, log)
-        self.state_dir = os.path.join(sessions_root(self.ws), STATE_DIR)
+        self.files = ChannelFiles(self.ws, CHANNEL)
         self._stop = threading.Event()
         self._done = threading.Event()   # not Thread.join: a ^C inside join() can leave the
         self._thread: threading.Thread | None = None   # Thread marked stopped (CPython 3.11)
@@ -92,13 +89,12 @@ class Channel:
         self._loop = asyncio.get_running_loop()
         if self._stop.is_set():
             return
-        state = await asyncio.to_thread(BotState.load, os.path.join(self.state_dir, STATE_FILE),
-                                        self.ws, self.log)
+        state = await asyncio.to_thread(BotState.load, self.files, Sessions(self.ws), self.log)
         transport = Transport(self.settings.token, self.settings.api_url, self.log, self._sleep)
         chats = self.settings.chats
         outbox = Outbox(self.ws, chats, transport, state, self.log, primary=self.primary,
                         stopping=self._stop.is_set)
-        commands = Commands(self.ws, self.log, primary=self.primary, state_dir=self.state_dir)
+        commands = Commands(self.ws, self.log, primary=self.primary, files=self.files)
         inbox = Inbox(self.ws, chats, transport, state, commands, self.log, self._sleep)
         try:
             if not await transport.connect(self._astop):
@@ -140,35 +136,6 @@ class Channel:
                 backoff = min(backoff * 2, 30.0)
 
 
-# --- the workspace lock ---
-
-def lock_path(workspace: str) -> str:
-    return os.path.join(sessions_root(workspace), LOCK_FILE)
-
-
-def try_lock(workspace: str) -> int | None:
-    """The workspace's bot lock (an fd to keep), or None when another process holds it."""
-    make_dirs(sessions_root(workspace))
-    fd = os.open(lock_path(workspace), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def lock_holder(workspace: str) -> str:
-    try:
-        with open(lock_path(workspace), encoding="utf-8", errors="replace") as f:
-            return f.read(32).strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 # --- hosts: inside an engine, or in the foreground ---
 
 class EngineHost:
@@ -191,7 +158,7 @@ class EngineHost:
 
     def _take(self) -> bool:
         try:
-            fd = try_lock(self.ws)
+            fd = ChannelFiles(self.ws, CHANNEL).try_lock()
         except OSError as e:
             self._log(f"cannot take the bot lock ({e.strerror})")
             return True  # do not retry
@@ -250,10 +217,11 @@ def start_for_session(workspace: str, session_id: str, config,
 
 def run_foreground(workspace: str, found: Settings) -> int:
     """`ralph bot run`: serve every session of the workspace until ^C / SIGTERM."""
-    fd = try_lock(workspace)
+    files = ChannelFiles(workspace, CHANNEL)
+    fd = files.try_lock()
     if fd is None:
         raise BadInput(f"the Telegram bot of {workspace} runs already "
-                       f"(pid {lock_holder(workspace)})")
+                       f"(pid {files.lock_holder()})")
     channel = Channel(workspace, found)
     try:
         channel.start()

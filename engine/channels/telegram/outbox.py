@@ -1,13 +1,13 @@
 """What the bot sends on its own: questions waiting for a human, and notices from the
 buses (`human.progress`, pauses, ends, timeouts).
 
-Woken by the shared watcher (`engine.mailbox.watch`, inotify through watchdog) on the
-sessions root and, in each session, the directories `session_store.watch_paths` names
-(not recursively: an agent streaming its logs costs the bot nothing): a question file
-written or marked, a bus appended to, a session appearing (then watched too). Each change
-names its session (and question), and only that is looked at, so nothing is polled and an
-idle workspace costs nothing however many sessions it holds. The looks (question files,
-the bus through `read_events`, metadata) run in a worker thread, never on the event loop.
+Woken by the store (`Sessions.watch`: inotify through watchdog on the files) when a
+question is written or marked, a bus appended to, a session appears (then followed too).
+Each change names its session (and question), and only that is looked at, so nothing is
+polled and an idle workspace costs nothing however many sessions it holds. The looks
+(questions, the bus after the seq read so far, metadata) run in a worker thread, never on
+the event loop. Sessions are named by id and buses read by seq: nothing here knows where
+or how the store keeps them.
 
 A question goes to every allowed chat at once, as a ForceReply; one no chat could take
 after the retries is marked undeliverable in the store (`questions.mark_undeliverable`),
@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import (BadInput, EventReader, Status, change_at, list_ids, load,
-                           make_dirs, questions, read_events, sessions_root, watch_paths)
+from session_store import BadInput, Sessions, Status, questions
 
-from ...mailbox import watch
 from .settings import Log
 from .state import BotState
 from .texts import notice_text, question_text
@@ -44,14 +41,14 @@ class Look:
     to_send: list = field(default_factory=list)       # questions.Question
     settled: list = field(default_factory=list)       # question ids nobody needs to send
     notices: list = field(default_factory=list)       # (seq, texts.Message)
-    offset: int | None = None                 # the bus read up to here
+    read: int | None = None                   # the bus read up to this seq
 
 
 class Outbox:
     def __init__(self, workspace: str, chats: list[int], transport: Transport, state: BotState,
                  log: Log, *, stopping: Callable[[], bool], primary: str | None = None):
         self.ws = workspace
-        self.root = sessions_root(workspace)
+        self.sessions = Sessions(workspace)
         self.chats = chats
         self.transport = transport
         self.state = state
@@ -65,7 +62,7 @@ class Outbox:
         self._buses: set[str] = set()
         self._settled: set[tuple[str, str]] = set()   # questions sent, failed or resolved
         self._sending: set[tuple[str, str]] = set()
-        self._read: dict[str, int] = {}               # session -> bus offset read so far
+        self._read: dict[str, int] = {}               # session -> bus seq read so far
         self._notices: collections.deque = collections.deque()   # (session, seq, Message)
         self._outstanding: collections.Counter = collections.Counter()
         self._notice_ready = asyncio.Event()
@@ -79,34 +76,27 @@ class Outbox:
         """Watch first, then look at every session once: a change during that first look
         is looked at again."""
         self._loop = asyncio.get_running_loop()
-        sessions, offsets = await asyncio.to_thread(self._prepare, not self.state.existed)
+        sessions, seqs = await asyncio.to_thread(self._prepare, not self.state.existed)
         self._watched.update(sessions)
-        for sid, offset in offsets.items():   # a first run does not replay old buses
-            self.state.event_offsets[sid] = offset
-        if offsets:
+        for sid, seq in seqs.items():   # a first run does not replay old buses
+            self.state.read_seqs[sid] = seq
+        if seqs:
             await self.state.save()
         self.note_sessions(sessions)
 
     def _prepare(self, first_run: bool) -> tuple[list[str], dict[str, int]]:
-        make_dirs(self.root)
-        sessions = list_ids(self.ws)
-        self._watching = self._start_watching(sessions)
-        offsets = {sid: EventReader(os.path.join(self.root, sid), None).offset
-                   for sid in sessions if first_run and sid != self.primary}
-        return sessions, offsets
-
-    def _start_watching(self, sessions: list[str]):
-        paths = [self.root] + [path for sid in sessions for path in
-                               watch_paths(os.path.join(self.root, sid)) if os.path.isdir(path)]
-        return watch(paths, None, notify=self._changed)
+        self._watching = self.sessions.watch(self._changed)
+        sessions = self.sessions.ids()
+        seqs = {sid: self.sessions.last_seq(sid)
+                for sid in sessions if first_run and sid != self.primary}
+        return sessions, seqs
 
     def _watch_session(self, sid: str) -> None:
-        """A session that appeared: watched from now on (worker thread)."""
-        for path in watch_paths(os.path.join(self.root, sid)):
-            try:
-                self._watching.add(path)
-            except Exception as e:   # gone again, or no inotify watch left
-                self.log.error(f"session {sid}: cannot watch {os.path.basename(path)}", e)
+        """A session that appeared: followed from now on (worker thread)."""
+        try:
+            self._watching.add(sid)
+        except Exception as e:   # gone again, or no inotify watch left
+            self.log.error(f"session {sid}: cannot follow it", e)
 
     async def _adopt(self, sid: str) -> None:
         await asyncio.to_thread(self._watch_session, sid)
@@ -117,14 +107,12 @@ class Outbox:
             await asyncio.to_thread(self._watching)
             self._watching = None
 
-    def _changed(self, path: str) -> None:
+    def _changed(self, change) -> None:
         """From the watcher's thread: what changed, handed to the loop."""
-        change = change_at(self.root, path)
-        if change is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._note, change)
-            except RuntimeError:   # the loop is closed: the bot has stopped
-                pass
+        try:
+            self._loop.call_soon_threadsafe(self._note, change)
+        except RuntimeError:   # the loop is closed: the bot has stopped
+            pass
 
     def _note(self, change) -> None:
         if change.what == "session":
@@ -152,49 +140,49 @@ class Outbox:
             wanted, self._questions = self._questions, {}
             buses, self._buses = self._buses, set()
             skip = self._settled | self._sending | self.state.sent()
-            looks = await asyncio.to_thread(self._look, wanted, self._offsets(buses), skip,
+            looks = await asyncio.to_thread(self._look, wanted, self._cursors(buses), skip,
                                             dict(self.state.notified))
             for look in looks:
                 self._apply(look)
 
-    def _offsets(self, sessions) -> dict[str, int]:
-        return {sid: self._read.get(sid, self.state.event_offsets.get(sid, 0))
+    def _cursors(self, sessions) -> dict[str, int]:
+        return {sid: self._read.get(sid, self.state.read_seqs.get(sid, 0))
                 for sid in sessions}
 
     # --- looking (worker thread) ---
 
-    def _look(self, wanted: dict, offsets: dict[str, int], skip: set,
+    def _look(self, wanted: dict, cursors: dict[str, int], skip: set,
               notified: dict[str, int]) -> list[Look]:
         looks = []
-        for sid in sorted(set(wanted) | set(offsets)):
+        for sid in sorted(set(wanted) | set(cursors)):
             look = Look(sid)
             try:
                 if sid in wanted:
                     self._look_at_questions(look, wanted[sid], skip)
-                if sid in offsets:
-                    self._look_at_bus(look, offsets[sid], notified.get(sid, 0))
+                if sid in cursors:
+                    self._look_at_bus(look, cursors[sid], notified.get(sid, 0))
             except Exception as e:
                 self.log.error(f"session {sid}: look failed", e)
             looks.append(look)
         return looks
 
     def _look_at_questions(self, look: Look, ids, skip: set) -> None:
-        sdir = os.path.join(self.root, look.session)
+        sid = look.session
         if ids is ALL:
-            ids = questions.ids(sdir)
+            ids = self.sessions.question_ids(sid)
         found = []
         for qid in sorted(ids):
-            if (look.session, qid) in skip:   # settled or under way: not read again
+            if (sid, qid) in skip:   # settled or under way: not read again
                 continue
             try:
-                found.append(questions.load_question(sdir, qid))
+                found.append(self.sessions.question(sid, qid))
             except BadInput:
                 continue
         now = datetime.now(timezone.utc)
         finished = None
         for q in sorted(found, key=lambda q: q.asked_at):
             if q.status is not questions.QuestionStatus.PENDING or q.delivery_failed \
-                    or questions.read_answer(sdir, q.id) is not None:
+                    or self.sessions.answer(sid, q.id) is not None:
                 look.settled.append(q.id)
                 continue
             if now >= q.deadline and not q.timeout_paused:
@@ -208,17 +196,20 @@ class Outbox:
 
     def _finished(self, sid: str) -> bool:
         try:
-            return load(self.ws, sid).metadata.status in (Status.COMPLETED, Status.ABORTED)
+            return self.sessions.load(sid).metadata.status in (Status.COMPLETED,
+                                                               Status.ABORTED)
         except BadInput:
             return True
 
-    def _look_at_bus(self, look: Look, offset: int, done: int) -> None:
-        """Notices for the records after `offset` (and after seq `done`, those noticed)."""
-        records, look.offset = read_events(os.path.join(self.root, look.session), offset)
+    def _look_at_bus(self, look: Look, after: int, done: int) -> None:
+        """Notices for the records after seq `after` (and after seq `done`, those
+        noticed)."""
+        records = self.sessions.events_after(look.session, after)
         for record in records:
             text = notice_text(look.session, record)
-            if text and isinstance(record.get("seq"), int) and record["seq"] > done:
+            if text and record["seq"] > done:
                 look.notices.append((record["seq"], text))
+        look.read = records[-1]["seq"] if records else after
 
     # --- acting on what was found (loop) ---
 
@@ -234,10 +225,10 @@ class Outbox:
             self._notices.append((sid, seq, text))
             self._outstanding[sid] += 1
             self._notice_ready.set()
-        if look.offset is not None:
-            self._read[sid] = look.offset
-            if not self._outstanding[sid] and self.state.event_offsets.get(sid) != look.offset:
-                self.state.event_offsets[sid] = look.offset
+        if look.read is not None:
+            self._read[sid] = look.read
+            if not self._outstanding[sid] and self.state.read_seqs.get(sid) != look.read:
+                self.state.read_seqs[sid] = look.read
                 self.state.save_later()
 
     def _spawn(self, coro) -> None:
@@ -247,10 +238,9 @@ class Outbox:
 
     async def _deliver(self, sid: str, q: questions.Question) -> None:
         key = (sid, q.id)
-        sdir = os.path.join(self.root, sid)
 
         async def still_wanted() -> bool:
-            return await asyncio.to_thread(_still_pending, sdir, q.id)
+            return await asyncio.to_thread(self._still_pending, sid, q.id)
 
         async def to(chat):
             message = await self.transport.send(chat, text, force_reply=True,
@@ -269,7 +259,7 @@ class Outbox:
             elif self.stopping():
                 pass  # whoever runs the bot next sends it
             else:
-                if await asyncio.to_thread(_mark_undeliverable, sdir, q.id):
+                if await asyncio.to_thread(self._mark_undeliverable, sid, q.id):
                     self.log(f"question {q.id} of session {sid} could not be delivered: "
                              f"it times out now (on_timeout: {q.on_timeout})")
                 self._settled.add(key)
@@ -298,8 +288,24 @@ class Outbox:
         self._outstanding[sid] -= 1
         self.state.notified[sid] = max(seq, self.state.notified.get(sid, 0))
         if not self._outstanding[sid] and sid in self._read:
-            self.state.event_offsets[sid] = self._read[sid]
+            self.state.read_seqs[sid] = self._read[sid]
         self.state.save_soon()
+
+    def _still_pending(self, sid: str, qid: str) -> bool:
+        try:
+            q = self.sessions.question(sid, qid)
+        except BadInput:
+            return False
+        return q.status is questions.QuestionStatus.PENDING and not q.delivery_failed \
+            and self.sessions.answer(sid, qid) is None
+
+    def _mark_undeliverable(self, sid: str, qid: str) -> bool:
+        """False when it waits for nothing any more (answered, resolved, gone)."""
+        try:
+            return self.sessions.mark_undeliverable(sid, qid, datetime.now(timezone.utc),
+                                                    channel="telegram")
+        except BadInput:
+            return False
 
     async def flush(self) -> None:
         """The sessions' last words (paused, completed) go out before the bot stops: one
@@ -307,8 +313,8 @@ class Outbox:
         if self._notice_sending is not None and not self._notice_sending.done():
             await asyncio.wait([self._notice_sending], timeout=FLUSH_SECONDS)
         try:
-            sessions = await asyncio.to_thread(list_ids, self.ws)
-            looks = await asyncio.to_thread(self._look, {}, self._offsets(sessions), set(),
+            sessions = await asyncio.to_thread(self.sessions.ids)
+            looks = await asyncio.to_thread(self._look, {}, self._cursors(sessions), set(),
                                             dict(self.state.notified))
             for look in looks:
                 self._apply(look)
@@ -327,21 +333,3 @@ class Outbox:
             pass
         except Exception as e:
             self.log.error("last notifications failed", e)
-
-
-def _still_pending(sdir: str, qid: str) -> bool:
-    try:
-        q = questions.load_question(sdir, qid)
-    except BadInput:
-        return False
-    return q.status is questions.QuestionStatus.PENDING and not q.delivery_failed \
-        and questions.read_answer(sdir, qid) is None
-
-
-def _mark_undeliverable(sdir: str, qid: str) -> bool:
-    """False when it waits for nothing any more (answered, resolved, gone)."""
-    try:
-        return questions.mark_undeliverable(sdir, qid, datetime.now(timezone.utc),
-                                            channel="telegram")
-    except BadInput:
-        return False

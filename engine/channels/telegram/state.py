@@ -1,34 +1,34 @@
-"""The bot's memory: `.ralph-sessions/.telegram/state.yaml`, JSON (which YAML readers
-read too), never the token. It holds the getUpdates offset, which message asked which
-question (so a reply finds its question), and per session how far the bus was read and
-the last record a notice went out for.
+"""The bot's memory, kept by the store as the channel's state (`ChannelFiles`), JSON
+(which YAML readers read too), never the token. It holds the getUpdates offset, which
+message asked which question (so a reply finds its question), and per session the seq
+up to which the bus was read and handled, and the seq of the last record a notice went
+out for.
 
-It lives on the bot's event loop; saving it is a durable write (session_store's
-write_atomic: temp, fsync, rename, fsync dir), done in a worker thread, one at a time,
-with the requests that come meanwhile folded into one more write.
+It lives on the bot's event loop; saving it is a durable write (temp, fsync, rename,
+fsync dir), done in a worker thread, one at a time, with the requests that come
+meanwhile folded into one more write.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 
-from session_store import BadInput, list_ids, make_dirs, parse_yaml, write_atomic
+from session_store import BadInput, ChannelFiles, Sessions, parse_yaml
 
 from .settings import Log
 
 MAX_MESSAGES = 2000   # question messages remembered (replies to older ones are text)
-LATER = 2.0           # seconds a save of bus offsets alone may wait (they change often)
+LATER = 2.0           # seconds a save of bus cursors alone may wait (they change often)
 
 
 class BotState:
-    def __init__(self, path: str, workspace: str, log: Log):
-        self.path = path
-        self.ws = workspace
+    def __init__(self, files: ChannelFiles, sessions: Sessions, log: Log):
+        self.files = files
+        self.sessions = sessions
         self._log = log
-        self.update_offset: int | None = None
+        self.update_offset: int | None = None    # Telegram's getUpdates offset
         self.messages: dict[str, dict] = {}      # "chat:message_id" -> {session, question}
-        self.event_offsets: dict[str, int] = {}  # session -> bus offset read and handled
+        self.read_seqs: dict[str, int] = {}      # session -> bus seq read and handled
         self.notified: dict[str, int] = {}       # session -> seq of the last record noticed
         self.existed = False
         self._lock: asyncio.Lock | None = None
@@ -39,12 +39,15 @@ class BotState:
     # --- reading (synchronous: called in a worker thread) ---
 
     @classmethod
-    def load(cls, path: str, workspace: str, log: Log) -> "BotState":
-        state = cls(path, workspace, log)
+    def load(cls, files: ChannelFiles, sessions: Sessions, log: Log) -> "BotState":
+        state = cls(files, sessions, log)
+        path = files.state_path
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+            raw = files.read_state()
+        except OSError as e:
+            log(f"{path}: unreadable ({e.strerror}); starting from an empty state")
+            return state
+        if raw is None:
             return state
         state.existed = True
         try:
@@ -57,8 +60,12 @@ class BotState:
             state.messages = {str(k): {"session": str(v["session"]),
                                        "question": str(v["question"])}
                               for k, v in (data.get("messages") or {}).items()}
-            state.event_offsets = {str(k): int(v)
-                                   for k, v in (data.get("event_offsets") or {}).items()}
+            state.read_seqs = {str(k): int(v) for k, v in (data.get("read_seqs") or {}).items()}
+            # a bot before seqs kept byte offsets: its sessions go on from where their
+            # buses end now (as a first run does), never replayed from the start
+            for sid in (data.get("event_offsets") or {}):
+                if str(sid) not in state.read_seqs and str(sid) in sessions.ids():
+                    state.read_seqs[str(sid)] = sessions.last_seq(str(sid))
             state.notified = {str(k): int(v) for k, v in (data.get("notified") or {}).items()}
         except (BadInput, ValueError, TypeError, KeyError, AttributeError):
             log(f"{path}: unreadable; starting from an empty state")
@@ -91,7 +98,7 @@ class BotState:
                 for key in list(self.messages)[:len(self.messages) - MAX_MESSAGES]:
                     del self.messages[key]
             snapshot = {"update_offset": self.update_offset, "messages": dict(self.messages),
-                        "event_offsets": dict(self.event_offsets),
+                        "read_seqs": dict(self.read_seqs),
                         "notified": dict(self.notified)}
             try:
                 gone = await asyncio.to_thread(self._write, snapshot)
@@ -107,7 +114,7 @@ class BotState:
         task.add_done_callback(self._tasks.discard)
 
     def save_later(self) -> None:
-        """A save within LATER seconds, for what may change again soon (bus offsets)."""
+        """A save within LATER seconds, for what may change again soon (bus cursors)."""
         if self._later is None:
             def due():
                 self._later = None
@@ -125,22 +132,21 @@ class BotState:
     def _write(self, snapshot: dict) -> set[str]:
         """The worker thread's part: written without the sessions that are gone; returns
         those."""
-        alive = set(list_ids(self.ws))
+        alive = set(self.sessions.ids())
         named = {v["session"] for v in snapshot["messages"].values()} \
-            | set(snapshot["event_offsets"]) | set(snapshot["notified"])
+            | set(snapshot["read_seqs"]) | set(snapshot["notified"])
         gone = named - alive
         snapshot["messages"] = {k: v for k, v in snapshot["messages"].items()
                                 if v["session"] not in gone}
-        for key in ("event_offsets", "notified"):
+        for key in ("read_seqs", "notified"):
             snapshot[key] = {k: v for k, v in snapshot[key].items() if k not in gone}
-        make_dirs(os.path.dirname(self.path))
-        write_atomic(self.path, json.dumps(snapshot, indent=1, sort_keys=True) + "\n",
-                     "telegram-state")
+        self.files.write_state(json.dumps(snapshot, indent=1, sort_keys=True) + "\n",
+                               "telegram-state")
         return gone
 
     def _forget(self, gone: set[str]) -> None:
         for key in [k for k, v in self.messages.items() if v["session"] in gone]:
             del self.messages[key]
-        for table in (self.event_offsets, self.notified):
+        for table in (self.read_seqs, self.notified):
             for sid in gone & set(table):
                 del table[sid]

@@ -13,7 +13,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from session_store import (AlreadyAnswered, BadInput, Status, check_id, open_channel_log,
+from session_store import (AlreadyAnswered, BadInput, ChannelFiles, Status, check_id,
                            questions, running_pid, signals)
 
 from ...views import answer_outcome
@@ -123,7 +123,7 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
         value = _limit(body, key, kind, most)
         if value is not None:
             argv.append(f"{flag}={value}")
-    fd, log = open_channel_log(session.workspace, "web", session.id)
+    fd, log = ChannelFiles(session.workspace, "web").open_log(session.id)
     try:
         os.write(fd, f"--- {_now().isoformat()} ralph web: resume {session.id}\n".encode())
         child = subprocess.Popen(argv, cwd=session.workspace, stdin=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The live feed: one file-system watcher (engine/mailbox.py `watch`) over the sessions'
+"""The live feed: one file-system watcher (the store's `watch`) over the sessions'
 control planes and their work areas (the scratchpad agents write is there) serves every
 open page. The watcher's thread hops onto the event loop and sets each page stream's own
 asyncio.Event; the stream then reads what changed (in a worker thread) and sends it as

@@ -5,9 +5,9 @@ import os
 import socket
 import sys
 
+import session_store
 from session_store import BadInput
 
-from ... import mailbox
 from .app import build
 from .feed import MAX_STREAMS, Feed
 from .security import telegram_tokens, web_token
@@ -41,7 +41,7 @@ def serve(workspace: str, host: str = "127.0.0.1", port: int = 8765, *,
         raise BadInput(f"--workspace {workspace}: no such directory")
     token, users_own = web_token(host, environ)
     sock = _bind(host, port)
-    feed = Feed(workspace, watch or mailbox.watch, max_streams or MAX_STREAMS)
+    feed = Feed(workspace, watch or session_store.watch, max_streams or MAX_STREAMS)
     app = build(workspace, feed, token, users_own, telegram_tokens(workspace, environ))
 
     class Server(uvicorn.Server):

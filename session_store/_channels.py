@@ -1,0 +1,158 @@
+"""What a human channel (the Telegram bot, the web view) sees of a workspace's sessions:
+`Sessions`, addressed by id, and `ChannelFiles`, its own files beside them.
+
+A channel never builds a session's path nor keeps a byte offset of a bus: it names a
+session by id, follows a bus by seq (the cursor a database backend would keep too), and
+is woken by `Sessions.watch` with what changed (a `Change`), not with a path to parse.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from datetime import datetime
+from typing import Callable
+
+from . import _questions
+from ._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
+from ._changes import Change, change_at, watch_paths
+from ._errors import BadInput
+from ._events import events_after, last_seq
+from ._session import Session, check_id, list_ids, load, sessions_root
+
+
+class Sessions:
+    """A workspace's sessions, by id."""
+
+    def __init__(self, workspace: str):
+        self.workspace = workspace
+        self._root = sessions_root(workspace)
+
+    def _dir(self, sid: str) -> str:
+        return os.path.join(self._root, check_id(sid))
+
+    def ids(self) -> list[str]:
+        return list_ids(self.workspace)
+
+    def load(self, sid: str) -> Session:
+        return load(self.workspace, sid)
+
+    # --- the bus, by seq ---
+
+    def events_after(self, sid: str, seq: int) -> list[dict]:
+        """The complete records past `seq`, oldest first."""
+        return events_after(self._dir(sid), seq)
+
+    def last_seq(self, sid: str) -> int:
+        """The seq of the bus's last complete record (0: none yet)."""
+        return last_seq(self._dir(sid))
+
+    # --- questions ---
+
+    def question_ids(self, sid: str) -> list[str]:
+        return _questions.ids(self._dir(sid))
+
+    def question(self, sid: str, qid: str) -> _questions.Question:
+        """BadInput when it is gone or unreadable."""
+        return _questions.load_question(self._dir(sid), qid)
+
+    def answer(self, sid: str, qid: str) -> _questions.Answer | None:
+        return _questions.read_answer(self._dir(sid), qid)
+
+    def mark_undeliverable(self, sid: str, qid: str, now: datetime, channel: str) -> bool:
+        """No chat could take it: whoever waits applies its timeout now. False when it waits
+        for nothing any more."""
+        return _questions.mark_undeliverable(self._dir(sid), qid, now, channel=channel)
+
+    # --- wakeups ---
+
+    def watch(self, notify: Callable[[Change], None]) -> "SessionsWatch":
+        """Call `notify(change)` (from the watcher's thread) for each session that appears,
+        bus appended to and question written or marked, in the sessions there now; a
+        session that appears later is followed once `add` is called with it."""
+        make_dirs(self._root)
+
+        def changed(path: str) -> None:
+            change = change_at(self._root, path)
+            if change is not None:
+                notify(change)
+        from ._watch import watch
+        paths = [self._root] + [p for sid in self.ids() for p in watch_paths(self._dir(sid))
+                                if os.path.isdir(p)]
+        return SessionsWatch(watch(paths, None, notify=changed), self)
+
+
+class SessionsWatch:
+    """A running `Sessions.watch`: calling it stops it."""
+
+    def __init__(self, watching, sessions: Sessions):
+        self._watching, self._sessions = watching, sessions
+
+    def add(self, sid: str) -> None:
+        """Follow a session that appeared. OSError: gone again, or no watch left."""
+        for path in watch_paths(self._sessions._dir(sid)):
+            self._watching.add(path)
+
+    def __call__(self) -> None:
+        self._watching()
+
+
+class ChannelFiles:
+    """A channel's own files, hidden beside the sessions (`.<channel>/` and
+    `.<channel>.lock`): its state, the lock that lets one process run it per workspace,
+    the logs of engines it started."""
+
+    STATE_FILE = "state.yaml"   # JSON, which YAML readers read too
+
+    def __init__(self, workspace: str, channel: str):
+        self._root = sessions_root(workspace)
+        self.dir = os.path.join(self._root, "." + check_id(channel, "channel"))
+        self._lock = self.dir + ".lock"
+
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.dir, self.STATE_FILE)
+
+    def read_state(self) -> bytes | None:
+        """None when there is none yet; a symlink in its place is refused (OSError)."""
+        try:
+            return read_nofollow(self.state_path)
+        except FileNotFoundError:
+            return None
+
+    def write_state(self, text: str, kind: str) -> None:
+        make_dirs(self.dir)
+        write_atomic(self.state_path, text, kind)
+
+    def try_lock(self) -> int | None:
+        """The channel's workspace lock (an fd to keep; closing it lets go), or None when
+        another process holds it. It names the holder's pid."""
+        make_dirs(self._root)
+        fd = os.open(self._lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def lock_holder(self) -> str:
+        try:
+            with open(self._lock, encoding="utf-8", errors="replace") as f:
+                return f.read(32).strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def open_log(self, name: str) -> tuple[int, str]:
+        """`<name>.log`, opened for appending, private, never through a planted link: e.g.
+        the output of an engine the channel started. Returns the fd and the path."""
+        make_dirs(self.dir)
+        path = os.path.join(self.dir, check_id(name, "log name") + ".log")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise BadInput(f"{path}: cannot be opened ({e.strerror}; symlinks are refused)") \
+                from None
+        return fd, path
