@@ -7,6 +7,7 @@ takes the API root and the token; tests hand it a stand-in `bot` instead.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from datetime import timedelta
 from typing import Awaitable, Callable
 
@@ -107,8 +108,11 @@ class Transport:
 
 
 def retry_after_seconds(error) -> float:
-    value = getattr(error, "_retry_after", None)   # a timedelta; the property warns
-    if value is None:
+    """A 429's wait, through PTB's public `retry_after`: seconds, or a timedelta once PTB
+    makes it one (PTB 22.2 warns of that change at each read; not ours to show)."""
+    from telegram.warnings import PTBDeprecationWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
         value = error.retry_after
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
