@@ -47,7 +47,8 @@ class Signal:
         return None if self.target in ("ALL", "Orchestrator") else self.target.lower()
 
     def fields(self) -> dict:
-        data = {"type": self.type, "target": self.target, "message": self.message}
+        data: dict[str, object] = {"type": self.type, "target": self.target,
+                                   "message": self.message}
         if self.iteration is not None:
             data["iteration"] = self.iteration
         if self.priority:

@@ -18,7 +18,7 @@ import ctypes
 import os
 import select
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 IN_MODIFY = 0x2
 IN_LANDED = 0x8 | 0x80   # IN_CLOSE_WRITE | IN_MOVED_TO: a file written, or renamed in
@@ -62,8 +62,9 @@ class FileWatch(threading.Thread):
             os.close(fd)
 
 
-def watch(paths: list[str], wakeup: threading.Event | None, trees: list[str] = (),
-          notify: Callable[[str], None] | None = None, files: list[str] = ()) -> "Watching":
+def watch(paths: Sequence[str], wakeup: threading.Event | None, trees: Sequence[str] = (),
+          notify: Callable[[str], None] | None = None,
+          files: Sequence[str] = ()) -> "Watching":
     """Wake the engine when a file lands in one of `paths`, or anywhere under `trees`
     (inotify through watchdog; a polling observer where no watcher works), or when one
     of `files` is written (inotify on the file alone; its directory where that fails).
