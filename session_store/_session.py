@@ -11,7 +11,7 @@ from datetime import datetime
 from ._atomic import (FILE_MODE, disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
 from ._work import WorkArea
-from ._convert import structure, unstructure
+from ._codec import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import append_event, backwards, complete_size, last_event, read_events
 from ._iteration import METADATA_FILE, Iteration
