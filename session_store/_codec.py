@@ -4,7 +4,7 @@ enum value is an error naming its `$.path` (`$.a.b`, `$.list[0]`, `$.mapping['ke
 as cattrs.transform_error spells them).
 
 Imported only by what reads or writes typed records (`ralph status`, the engine, ...):
-attrs and cattrs cost ~40 ms of imports, which agents' hot paths (`emit`, `progress`,
+attrs and cattrs cost ~35 ms of imports, which agents' hot paths (`emit`, `progress`,
 `signals poll`, `mcp`) never pay (session_store's imports are lazy).
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ def unstructure(obj):
 
 def _each(data, cls, path: str, errors: list[str]):
     """A person's file: its mistakes in the file's order, then each unknown key on a line
-    of its own with a suggestion (cattrs' own pass stops a class at its first wrong field
-    and names the unknown keys together)."""
+    of its own with a suggestion. Field by field, as cattrs builds nothing of a class
+    with one wrong field (and names its unknown keys together, without suggestions)."""
     if not isinstance(data, dict):
         errors.append(f"{path}: expected a mapping, got {_kind(data)}")
         return cls()
