@@ -1,12 +1,12 @@
-"""ralph.yml: dataclasses loaded strictly (session_store.structure_each); every error
+"""ralph.yml: attrs classes loaded strictly (session_store.structure_each); every error
 carries its path."""
 from __future__ import annotations
 
-import dataclasses
 import enum
 import os
-from dataclasses import dataclass, field
 
+import attrs
+from attrs import define, field
 
 from session_store import ROLES, BadInput, parse_yaml, structure_each, unstructure
 
@@ -48,17 +48,17 @@ class Approval(enum.Enum):
     SKIP = "skip"
 
 
-@dataclass(slots=True)
+@define
 class Prices:
     """USD per million tokens: what a run costs when its CLI reports tokens, not USD."""
     input: float = 0.0
     output: float = 0.0
 
 
-@dataclass(slots=True)
+@define
 class AgentConfig:
     backend: Backend = Backend.DEMO
-    command: list[str] = field(default_factory=list)
+    command: list[str] = field(factory=list)
     prompt_mode: PromptMode = PromptMode.STDIN
     timeout_seconds: float = 1800.0
     script: str | None = None
@@ -71,7 +71,7 @@ class AgentConfig:
     max_limit_wait_seconds: float = 43200.0  # the longest one wait; then the step is retried
 
 
-@dataclass(slots=True)
+@define
 class AgentOverride:
     """A role's changes to the top-level agent: only the keys it sets."""
     backend: Backend | None = None
@@ -83,23 +83,23 @@ class AgentOverride:
     mcp: bool | None = None
 
 
-@dataclass(slots=True)
+@define
 class RoleConfig:
     instructions: str | None = None
     agent: AgentOverride | None = None
     enabled: bool = True   # the questioner's switch (off by default); the others always run
 
 
-@dataclass(slots=True)
+@define
 class Roles:
-    planner: RoleConfig = field(default_factory=RoleConfig)
-    executor: RoleConfig = field(default_factory=RoleConfig)
-    reviewer: RoleConfig = field(default_factory=RoleConfig)
-    librarian: RoleConfig = field(default_factory=RoleConfig)
-    questioner: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
+    planner: RoleConfig = field(factory=RoleConfig)
+    executor: RoleConfig = field(factory=RoleConfig)
+    reviewer: RoleConfig = field(factory=RoleConfig)
+    librarian: RoleConfig = field(factory=RoleConfig)
+    questioner: RoleConfig = field(factory=lambda: RoleConfig(enabled=False))
 
 
-@dataclass(slots=True)
+@define
 class EventLoop:
     max_iterations: int = 50
     max_runtime_seconds: float = 14400.0
@@ -109,29 +109,29 @@ class EventLoop:
     parallel: int = 1   # tasks of one batch at once, each in a git worktree of its own
 
 
-@dataclass(slots=True)
+@define
 class Telegram:
     bot_token: str | None = None
     api_url: str | None = None
-    allowed_chat_ids: list[int] = field(default_factory=list)
+    allowed_chat_ids: list[int] = field(factory=list)
 
 
-@dataclass(slots=True)
+@define
 class RObot:
     enabled: bool = False
     timeout_seconds: float = 600.0
     on_timeout: OnTimeout = OnTimeout.CONTINUE
-    telegram: Telegram = field(default_factory=Telegram)
+    telegram: Telegram = field(factory=Telegram)
 
 
-@dataclass(slots=True)
+@define
 class Knowledge:
     approval: Approval = Approval.AUTO
     timeout_seconds: float = 3600.0
     docs_dir: str = ".docs"
 
 
-@dataclass(slots=True)
+@define
 class Fallback:
     enabled: bool = True
     confidence_threshold: float = 0.7
@@ -146,27 +146,27 @@ class Fallback:
     full_human_control: float = 0.3
 
 
-@dataclass(slots=True)
+@define
 class Blockers:
     trace_path: str | None = None   # a context-graph JSONL file every blocker is appended to
     repeat_limit: int = 3           # the same cause this often pauses the session
 
 
-@dataclass(slots=True)
+@define
 class Git:
     commits: bool = True   # in a git workspace: a branch per session, a commit per [x] task
 
 
-@dataclass(slots=True)
+@define
 class Config:
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    roles: Roles = field(default_factory=Roles)
-    event_loop: EventLoop = field(default_factory=EventLoop)
-    RObot: RObot = field(default_factory=RObot)
-    knowledge: Knowledge = field(default_factory=Knowledge)
-    fallback: Fallback = field(default_factory=Fallback)
-    blockers: Blockers = field(default_factory=Blockers)
-    git: Git = field(default_factory=Git)
+    agent: AgentConfig = field(factory=AgentConfig)
+    roles: Roles = field(factory=Roles)
+    event_loop: EventLoop = field(factory=EventLoop)
+    RObot: RObot = field(factory=RObot)
+    knowledge: Knowledge = field(factory=Knowledge)
+    fallback: Fallback = field(factory=Fallback)
+    blockers: Blockers = field(factory=Blockers)
+    git: Git = field(factory=Git)
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled
@@ -184,9 +184,9 @@ class Config:
 def _overridden(agent: AgentConfig, override: AgentOverride | None) -> AgentConfig:
     if override is None:
         return agent
-    changes = {f.name: value for f in dataclasses.fields(override)
+    changes = {f.name: value for f in attrs.fields(AgentOverride)
                if (value := getattr(override, f.name)) is not None}
-    return dataclasses.replace(agent, **changes)
+    return attrs.evolve(agent, **changes)
 
 
 def channel_errors(config: Config) -> list[str]:
@@ -238,8 +238,8 @@ def to_data(config: Config) -> dict:
 
 def without_secrets(config: Config) -> Config:
     """The config as a session keeps it: the Telegram token never lands in a session."""
-    return dataclasses.replace(config, RObot=dataclasses.replace(
-        config.RObot, telegram=dataclasses.replace(config.RObot.telegram, bot_token=None)))
+    return attrs.evolve(config, RObot=attrs.evolve(
+        config.RObot, telegram=attrs.evolve(config.RObot.telegram, bot_token=None)))
 
 
 def load_session_config(session) -> Config:

@@ -2,7 +2,7 @@
 own check after its types; engine/config.py)."""
 from __future__ import annotations
 
-import dataclasses
+import attrs
 import math
 
 from session_store import ROLES, shown
@@ -21,9 +21,9 @@ def range_errors(config: Config) -> list[str]:
     def finite(path, obj):
         """NaN passes every comparison below, infinity every upper bound: neither is a
         number a session can wait for (timedelta(seconds=nan) raises mid-session)."""
-        for f in dataclasses.fields(type(obj)):
+        for f in attrs.fields(type(obj)):
             value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(type(value)):
+            if attrs.has(type(value)):
                 finite(f"{path}{f.name}.", value)
             elif isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"$.{path}{f.name}: expected a finite number, got {value}")

@@ -9,8 +9,7 @@ goes into the next one.
 """
 from __future__ import annotations
 
-
-import dataclasses
+import attrs
 
 from session_store import (Attempt, InterruptedRun, Iteration, IterationMetadata,
                            LastTransitionRecord, LimitWait, PauseKind, PlannedTask, Rejection,
@@ -127,7 +126,7 @@ class Tracker:
             else:
                 # tasks_before goes with the iteration's first write: the session's counts
                 # stand still until its plan, and are persisted by the transition into it
-                meta = it.start(self.clock.now(), tasks_before=dataclasses.replace(self.metadata.tasks))
+                meta = it.start(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
                 lines = []
             self._current = (it, meta, lines)
             # run numbers name the logs: never reuse one a crash left unrecorded

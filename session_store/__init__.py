@@ -31,7 +31,7 @@ _WHERE = {
     "InterruptedRun": "_metadata",
     "write_atomic": "_atomic", "make_dirs": "_atomic", "read_nofollow": "_atomic",
     "parse_yaml": "_schema", "dump_yaml": "_schema", "dump_plain": "_schema", "shown": "_schema",
-    "structure": "_convert", "unstructure": "_convert", "structure_each": "_convert",
+    "structure": "_codec", "unstructure": "_codec", "structure_each": "_codec",
 }
 _RENAMED = {"acquire_lock": ("_lock", "acquire"), "running_pid": ("_lock", "running_pid")}
 _MODULES = ("progress", "signals", "questions", "outbox")

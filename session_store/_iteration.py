@@ -12,7 +12,7 @@ from datetime import datetime
 
 from . import _progress
 from ._atomic import disk, durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
-from ._convert import structure, unstructure
+from ._codec import structure, unstructure
 from ._knowledge import Knowledge
 from ._metadata import IterationMetadata, PlannedTask
 from ._schema import dump_plain, parse_yaml

@@ -4,16 +4,16 @@ Small on purpose: history goes to events.jsonl, so these never grow with the ses
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 
+from attrs import define, field
 
 from ._types import PauseKind, State, Status
 
 SCHEMA_VERSION = 1
 
 
-@dataclass(slots=True)
+@define
 class LastTransitionRecord:
     n: int
     trigger: str
@@ -23,7 +23,7 @@ class LastTransitionRecord:
     at: datetime
 
 
-@dataclass(slots=True)
+@define
 class Orchestrator:
     state: State = State.PLANNING
     previous_state: State | None = None
@@ -34,7 +34,7 @@ class Orchestrator:
     last_transition: LastTransitionRecord | None = None
 
 
-@dataclass(slots=True)
+@define
 class TaskCounts:
     total: int = 0
     completed: int = 0
@@ -42,28 +42,28 @@ class TaskCounts:
     pending: int = 0
 
 
-@dataclass(slots=True)
+@define
 class Limits:
     max_iterations: int = 50
     max_runtime_seconds: float = 14400.0
     max_cost_usd: float | None = None
 
 
-@dataclass(slots=True)
+@define
 class RoleUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
 
 
-@dataclass(slots=True)
+@define
 class Usage:
     cost_usd: float = 0.0
     runtime_seconds: float = 0.0
     agent_invocations: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    by_role: dict[str, RoleUsage] = field(default_factory=dict)
+    by_role: dict[str, RoleUsage] = field(factory=dict)
 
     def add(self, role: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
         mine = self.by_role.setdefault(role, RoleUsage())
@@ -73,7 +73,7 @@ class Usage:
             usage.cost_usd = round(usage.cost_usd + cost_usd, 6)
 
 
-@dataclass(slots=True)
+@define
 class Assessment:
     """The fallback assessor's last verdict (seed 004)."""
     confidence: float
@@ -84,13 +84,13 @@ class Assessment:
     at: datetime
 
 
-@dataclass(slots=True)
+@define
 class Observations:
     """What the assessor reads: agents' reports and what the engine saw itself. Fixed
     size: counters and the latest reports, never a history."""
-    reported: dict[str, float] = field(default_factory=dict)  # factor scores, complexity, risk, ambiguity
-    approaches: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
+    reported: dict[str, float] = field(factory=dict)  # factor scores, complexity, risk, ambiguity
+    approaches: list[str] = field(factory=list)
+    missing: list[str] = field(factory=list)
     gates_passed: int = 0
     gates_failed: int = 0
     errors: int = 0                    # consecutive failed or empty runs of one unit of work
@@ -101,7 +101,7 @@ class Observations:
     last: Assessment | None = None
 
 
-@dataclass(slots=True)
+@define
 class LimitWait:
     """The agent CLI hit its usage or rate limit: the step it was on is retried at `until`
     (kept here so a kill -9 or a pause waits out the same reset)."""
@@ -115,7 +115,7 @@ class LimitWait:
     switched_to: str | None = None   # on_limit: switch: the backend running meanwhile
 
 
-@dataclass(slots=True)
+@define
 class InterruptedRun:
     """A run cut short (its CLI's limit, a PAUSE, a priority STEER) whose CLI can continue
     its conversation: the next run of the same step continues it, on the same backend."""
@@ -124,7 +124,7 @@ class InterruptedRun:
     conversation: str    # the CLI's id of the conversation
 
 
-@dataclass(slots=True)
+@define
 class GitInfo:
     """A session's branch in a git workspace: made at `base` (the commit the user's HEAD
     was on), from the user's branch `started_from` (None: a detached HEAD)."""
@@ -133,7 +133,7 @@ class GitInfo:
     started_from: str | None = None
 
 
-@dataclass(slots=True)
+@define
 class SessionMetadata:
     session_id: str
     objective: str
@@ -144,12 +144,12 @@ class SessionMetadata:
     status: Status = Status.ACTIVE
     iteration: int = 1
     batch: int = 1
-    orchestrator: Orchestrator = field(default_factory=Orchestrator)
-    tasks: TaskCounts = field(default_factory=TaskCounts)
-    limits: Limits = field(default_factory=Limits)
-    usage: Usage = field(default_factory=Usage)
+    orchestrator: Orchestrator = field(factory=Orchestrator)
+    tasks: TaskCounts = field(factory=TaskCounts)
+    limits: Limits = field(factory=Limits)
+    usage: Usage = field(factory=Usage)
     pending_question: str | None = None
-    fallback: Observations = field(default_factory=Observations)
+    fallback: Observations = field(factory=Observations)
     config_path: str | None = None
     completed_at: datetime | None = None
     limit_wait: LimitWait | None = None
@@ -157,7 +157,7 @@ class SessionMetadata:
     git: GitInfo | None = None     # None: not a git workspace, or git.commits off
 
 
-@dataclass(slots=True)
+@define
 class PlannedTask:
     id: str
     title: str
@@ -165,30 +165,30 @@ class PlannedTask:
     batch: int = 1
 
 
-@dataclass(slots=True)
+@define
 class Rejection:
     task: str
     reason: str
 
 
-@dataclass(slots=True)
+@define
 class IterationMetadata:
     iteration: int
     started_at: datetime
     planning_completed_at: datetime | None = None
     completed_at: datetime | None = None
-    tasks_defined: list[PlannedTask] = field(default_factory=list)
+    tasks_defined: list[PlannedTask] = field(factory=list)
     questioner_done: bool = False
     librarian_done: bool = False
     knowledge_staged: bool = False
     knowledge_decision: str | None = None   # promoted | skipped | carried
     knowledge_decided_by: str | None = None  # the APPROVE/SKIP signal that decided, if any
-    rejections: list[Rejection] = field(default_factory=list)
+    rejections: list[Rejection] = field(factory=list)
     knowledge_deadline: datetime | None = None
-    failed_batches: list[int] = field(default_factory=list)   # batches that paused the session
+    failed_batches: list[int] = field(factory=list)   # batches that paused the session
     # the session's task counts when this iteration began, so the session total is
     # always this plus the iteration's own progress.md (no history in metadata)
-    tasks_before: TaskCounts = field(default_factory=TaskCounts)
+    tasks_before: TaskCounts = field(factory=TaskCounts)
 
     def batches(self) -> list[int]:
         return sorted({t.batch for t in self.tasks_defined})

@@ -14,12 +14,12 @@ from __future__ import annotations
 import enum
 import os
 import stat
-from dataclasses import dataclass, field
 from datetime import datetime
 
+from attrs import define, field
 
 from ._atomic import create_exclusive, write_atomic
-from ._convert import structure, unstructure
+from ._codec import structure, unstructure
 from ._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
 from ._schema import dump_plain, parse_yaml, shown
 from ._session import check_id
@@ -34,7 +34,7 @@ class QuestionStatus(enum.Enum):
     CANCELLED = "cancelled"
 
 
-@dataclass(slots=True)
+@define
 class QuestionContext:
     session: str
     state: str
@@ -43,7 +43,7 @@ class QuestionContext:
     task: str | None = None
 
 
-@dataclass(slots=True)
+@define
 class Question:
     id: str
     text: str
@@ -54,7 +54,7 @@ class Question:
     kind: str = "loop"   # loop (human.interact) | in_run (tools interact ask) | fallback | checkin
     fallback_type: str | None = None     # for kind fallback: clarification, guidance, ...
     status: QuestionStatus = QuestionStatus.PENDING
-    options: list[str] = field(default_factory=list)
+    options: list[str] = field(factory=list)
     default: str | None = None
     resolved_at: datetime | None = None
     late_answer_delivered: bool = False
@@ -73,7 +73,7 @@ class Question:
         return f"{c.iteration}/{c.role or ''}/{c.task or ''}"
 
 
-@dataclass(slots=True)
+@define
 class Undeliverable:
     """`questions/<QID>.undeliverable`: a channel gave up delivering the question."""
     question: str
@@ -81,7 +81,7 @@ class Undeliverable:
     channel: str
 
 
-@dataclass(slots=True)
+@define
 class Answer:
     question: str
     text: str

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
 from ._work import WorkArea
-from ._convert import structure, unstructure
+from ._codec import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
 from ._events import (append_event, backwards, complete_size, events_after, last_event,
                       last_seq, read_events, tail_events)

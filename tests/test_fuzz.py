@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import enum
 import io
 import json
@@ -36,6 +35,7 @@ import typing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -161,7 +161,7 @@ MAX_SECONDS = 1e9
 
 def _strategy_for(tp):
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and attrs.has(tp):
         return _doc_for(tp)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*[_strategy_for(a) for a in typing.get_args(tp)])
@@ -184,7 +184,7 @@ def _strategy_for(tp):
 
 def _doc_for(cls):
     hints = typing.get_type_hints(cls, vars(cfg), vars(cfg))
-    good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in dataclasses.fields(cls)}
+    good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in attrs.fields(cls)}
     known = st.fixed_dictionaries({}, optional=good)
     unknown = st.dictionaries(st.text(min_size=1, max_size=8), JUNK, max_size=1)
     return st.builds(lambda k, u: {**k, **u}, known, unknown) | known
@@ -258,8 +258,8 @@ def _check_config(raw) -> cfg.Config | None:
 
 
 def _assert_sane(obj, path: str) -> None:
-    if dataclasses.is_dataclass(type(obj)):
-        for f in dataclasses.fields(type(obj)):
+    if attrs.has(type(obj)):
+        for f in attrs.fields(type(obj)):
             _assert_sane(getattr(obj, f.name), f"{path}.{f.name}")
     elif isinstance(obj, float):
         assert math.isfinite(obj), f"{path} = {obj} accepted"
@@ -628,7 +628,7 @@ def test_a_question_file_naming_another_id_is_refused(tmp_path):
             questions.answer(session.dir, "q1", "text", now=now())
         if forged != "q2":   # a path, not an id: no file is written for it
             with pytest.raises(BadInput):
-                questions.save_question(session.dir, dataclasses.replace(q, id=forged))
+                questions.save_question(session.dir, attrs.evolve(q, id=forged))
     assert not list(tmp_path.rglob("escaped*"))
 
 

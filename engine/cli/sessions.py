@@ -203,7 +203,7 @@ def _apply_limit_flags(limits, args) -> None:
 
 
 def _choose_agent(agent, name: str):
-    import dataclasses
+    import attrs
 
     from ..agents import installed_backend
     from ..config import Backend
@@ -212,9 +212,9 @@ def _choose_agent(agent, name: str):
         if found is None:
             raise bad("--agent auto: none of the agent CLIs (claude, codex, gemini, kiro, amp, "
                        "copilot, opencode) is on the PATH")
-        return dataclasses.replace(agent, backend=found)
+        return attrs.evolve(agent, backend=found)
     try:
-        return dataclasses.replace(agent, backend=Backend(name))
+        return attrs.evolve(agent, backend=Backend(name))
     except ValueError:
         raise bad(f"--agent {name}: expected auto or one of "
                    f"{', '.join(b.value for b in Backend)}") from None

@@ -10,10 +10,10 @@ above `autonomous_continue`, collaborative (a check-in before each task) down to
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 
+import attrs
 
 from session_store import Assessment, PauseKind, progress, questions
 
@@ -236,7 +236,7 @@ class Assessor:
         if answer_text and answer_text.strip().lower() == COLLABORATE.lower():
             score = min(score, cfg.autonomous_continue)
         obs.mode = "autonomous" if score > cfg.autonomous_continue else "collaborative"
-        obs.last = dataclasses.replace(self.assess_now(), confidence=round(score, 4))
+        obs.last = attrs.evolve(self.assess_now(), confidence=round(score, 4))
         self.tracker.save()
         self.session.append_event("fallback.resolved", {"id": question.id, "confidence": score,
                                                         "mode": obs.mode})
