@@ -5,6 +5,26 @@ Stdlib only: `ralph emit` imports this module on its cold path.
 An appender takes an exclusive flock, reads the last `seq`, cuts off a torn last line
 (a crash mid-append), writes its line in one O_APPEND write, fsyncs and releases.
 Readers skip a torn last line and never fail on one.
+
+Exactly once (`append_once`, the Session's `once` and `done`): a record may carry a
+dedupe key, the top-level field `once`, which the caller builds ("human.timeout:<qid>").
+It is appended only if no record with that key was appended before: the check and the
+append are made under the bus's one lock, against an index of the keys on the bus
+(`OnceIndex`: built by reading the bus once, then caught up from the byte offset it had
+read to, so each call costs only the lines appended since). The key is in the appended
+line itself, so there is no second write to tear: after a kill -9 at any point the next
+engine finds the line complete (done) or not there / torn (not done: a torn last line is
+no record and no key, and the next appender cuts it off). Never twice, never half.
+
+That makes the record exactly once. An effect outside the bus cannot join that one
+write, so its caller picks a side of the kill:
+  - record-then-effect (`if once(...): effect()`): a kill between them loses the effect
+    (at most once); use it where the record is the effect (a transition's, a question's
+    record) or where losing the effect is the lesser harm;
+  - effect-then-record (`if not done(key): effect(); once(key, ...)`): a kill between
+    them repeats the effect (at least once); the effect must be idempotent (an atomic
+    file rewrite keyed by the same id, a question resolved again) for the pair to be
+    exactly once.
 """
 from __future__ import annotations
 
@@ -22,6 +42,7 @@ from ._errors import BadInput
 
 EVENTS_FILE = "events.jsonl"
 REFUSED = "emit.refused"   # the record of a request the engine did not take
+ONCE = "once"              # a record's dedupe key (see above)
 _TAIL_CHUNK = 65536
 _READ_CHUNK = 1 << 20
 # A line longer than this is no event (an agent's event is capped well below it): readers
@@ -77,17 +98,39 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
                  ts: str | None = None, run: str | None = None, via: list | None = None) -> dict:
     """Append one record to the session's bus and return it (with its seq). `run`: the
     agent run it came from; `via`: where in the work area's outbox (see _outbox)."""
+    return _append(session_dir, dict(topic=topic, payload=payload, source=source,
+                                     iteration=iteration, state=state, ts=ts, run=run, via=via))
+
+
+def append_once(session_dir: str, index: "OnceIndex", key: str, topic: str, payload=None,
+                **fields) -> dict | None:
+    """Append the record with dedupe key `key` unless one with that key is on the bus:
+    the record, or None when it was there already. `index` is the caller's OnceIndex of
+    this bus, caught up here under the lock (so concurrent appenders agree)."""
+    if not isinstance(key, str) or not key:
+        raise BadInput(f"once key {key!r}: expected a non-empty string")
+    return _append(session_dir, dict(topic=topic, payload=payload, **fields), key, index)
+
+
+def _append(session_dir: str, fields: dict, key: str | None = None,
+            index: "OnceIndex | None" = None) -> dict | None:
     path = os.path.join(session_dir, EVENTS_FILE)
     with locked(session_dir) as fd, disk(path):
         seq = _last_seq_and_trim(fd) + 1
-        record = {"seq": seq, "ts": ts or now_iso(), "topic": topic, "payload": payload,
-                  "source": source, "iteration": iteration, "state": state}
-        if run is not None:
-            record["run"] = run
-        if via is not None:
-            record["via"] = via
-        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         size = os.fstat(fd).st_size
+        if index is not None:
+            index.catch_up(size)
+            if key in index.keys:
+                return None
+        record = {"seq": seq, "ts": fields.get("ts") or now_iso(), "topic": fields["topic"],
+                  "payload": fields.get("payload"), "source": fields.get("source", "engine"),
+                  "iteration": fields.get("iteration"), "state": fields.get("state")}
+        for name in ("run", "via"):
+            if fields.get(name) is not None:
+                record[name] = fields[name]
+        if key is not None:
+            record[ONCE] = key
+        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         try:
             written = os.write(fd, line)
             if written != len(line):   # a short write: a torn line (a full disk)
@@ -96,8 +139,37 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
         except OSError:
             os.ftruncate(fd, size)   # never leave a torn or unflushed line behind
             raise
+        if index is not None:
+            index.keys.add(key)
+            index.offset = size + len(line)
     durable_write_done("event", path)
     return record
+
+
+class OnceIndex:
+    """The dedupe keys on one bus, read up to `offset` (just past a complete line)."""
+
+    def __init__(self, session_dir: str):
+        self.dir = session_dir
+        self.keys: set[str] = set()
+        self.offset = 0
+
+    def catch_up(self, end: int | None = None) -> None:
+        """Read the lines appended since the last look (up to `end`, a complete line's
+        end, when the caller holds the lock and knows it). A bus shorter than what was
+        read is another one (replaced): read again from its start."""
+        end = complete_size(self.dir) if end is None else end
+        if end < self.offset:
+            self.keys.clear()
+            self.offset = 0
+        if end == self.offset:
+            return
+        records, self.offset = read_events(self.dir, self.offset)
+        self.keys.update(r[ONCE] for r in records if isinstance(r.get(ONCE), str))
+
+    def done(self, key: str) -> bool:
+        self.catch_up()
+        return key in self.keys
 
 
 def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:

@@ -14,8 +14,8 @@ from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
 from ._work import WorkArea
 from ._codec import structure, unstructure
 from ._errors import BadInput, DiskFault, UnknownSession
-from ._events import (append_event, backwards, complete_size, events_after, last_event,
-                      last_seq, read_events, tail_events)
+from ._events import (OnceIndex, append_event, append_once, backwards, complete_size,
+                      events_after, last_event, last_seq, read_events, tail_events)
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import GitInfo, Limits, SessionMetadata
 from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
@@ -65,6 +65,7 @@ class Session:
         self.work_dir = os.path.join(work_root(workspace), session_id)
         self.metadata = metadata
         self._work: WorkArea | None = None
+        self._once: OnceIndex | None = None   # the bus's dedupe keys, read as needed
 
     @property
     def work(self) -> WorkArea:
@@ -98,6 +99,28 @@ class Session:
     def reader(self) -> "EventReader":
         """An incremental reader of what is appended from now on."""
         return EventReader(self.dir, None)
+
+    def once(self, key: str, topic: str, payload=None, *, source: str = "engine", ts=None,
+             run: str | None = None, via: list | None = None) -> bool:
+        """Append this record with dedupe key `key` (a string the caller builds, e.g.
+        f"human.timeout:{qid}") unless one with that key is on the bus already: True when
+        it was appended now, False when it was there. Exactly once across processes and
+        crashes (the key is in the record's own line; see _events for which side of a
+        kill an effect outside the bus lands on). O(the lines appended since the last call)."""
+        m = self.metadata
+        return append_once(self.dir, self._once_index(), key, topic, payload, source=source,
+                           iteration=m.iteration, state=m.orchestrator.state.value, ts=ts,
+                           run=run, via=via) is not None
+
+    def done(self, key: str) -> bool:
+        """Whether a record with dedupe key `key` is on the bus (complete: a torn last
+        line is not done)."""
+        return self._once_index().done(key)
+
+    def _once_index(self) -> OnceIndex:
+        if self._once is None or self._once.dir != self.dir:   # created aside, renamed in
+            self._once = OnceIndex(self.dir)
+        return self._once
 
     def events_after(self, seq: int) -> list[dict]:
         """The records past `seq` (a reader's cursor), oldest first."""
