@@ -4,7 +4,9 @@ An agent's `human.interact` makes the engine ask after that run; no agent runs a
 transition happens until the question is answered or its deadline passes. The answer
 reaches the next prompt as `human.response`; a timeout applies `RObot.on_timeout`.
 Every step is keyed by the question id, so a crash never applies an answer twice, and
-a deadline that passed while the engine was down is applied once, on resume.
+a deadline that passed while the engine was down is applied once, on resume: each
+question's records (human.question, human.response, human.timeout) go on the bus through
+the store's `once`, keyed "<topic>:<question id>" (`record_key`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from states import Next, Trigger
 
 from ..mailbox import Mode
 from ..safe_text import author, payload_text, printable
+from .run_questions import record_key
 
 Q = questions.QuestionStatus
 PROGRESS_SHOWN = 2000   # characters of a progress note the console shows
@@ -119,7 +122,7 @@ class HumanDesk:
                     continue
 
     def _record_question(self, question: questions.Question) -> None:
-        self.session.append_event("human.question", {
+        self.session.once(record_key("human.question", question.id), "human.question", {
             "id": question.id, "text": question.text, "kind": question.kind,
             "deadline": question.deadline.isoformat()})
 
@@ -156,10 +159,9 @@ class HumanDesk:
                     "channel": answer.channel if answer else None}
         if question.status is not Q.ANSWERED:
             questions.resolve(self._dir, question, Q.ANSWERED, self.clock.now())
-            self.session.append_event("human.response", response)
-        elif not self._on_bus("human.response", question.id):
-            # resolved, then a crash before its record: the record is written now, once
-            self.session.append_event("human.response", response)
+        # resolved, then a crash before its record: the record is written now, once
+        self.session.once(record_key("human.response", question.id), "human.response",
+                          response)
         self.tracker.metadata.pending_question = None
         self.tracker.save()
         text = answer.text if answer else None
@@ -179,17 +181,16 @@ class HumanDesk:
             # the session pauses, once: the question is marked `timeout_paused` when it is
             # resumed from that pause (note_resumed), so a crash before the pause is durable
             # pauses again rather than going on as if it had paused
-            if not self._on_bus("human.timeout", question.id):
-                self.session.append_event("human.timeout", timeout)
+            self.session.once(record_key("human.timeout", question.id), "human.timeout",
+                              timeout)
             return Next(Trigger.PAUSE, f"question {question.id} unanswered by its deadline: "
                                        f"{question.text}", PauseKind.QUESTION)
         if question.status is not Q.TIMED_OUT:
             questions.resolve(self._dir, question, Q.TIMED_OUT, self.clock.now())
-            if policy != "pause":
-                self.session.append_event("human.timeout", timeout)
-        elif policy != "pause" and not self._on_bus("human.timeout", question.id):
+        if policy != "pause":   # (a pause recorded it when it paused)
             # resolved, then a crash before its record: the record is written now, once
-            self.session.append_event("human.timeout", timeout)
+            self.session.once(record_key("human.timeout", question.id), "human.timeout",
+                              timeout)
         self.mailbox.queue_event(f"human.timeout-{question.id}", "human.timeout",
                                  {"id": question.id, "question": question.text,
                                   "policy": policy, "default": question.default})
@@ -211,14 +212,6 @@ class HumanDesk:
         if not question.timeout_paused:
             question.timeout_paused = True
             questions.save_question(self._dir, question)
-
-    def _on_bus(self, topic: str, qid: str, source: str | None = "engine") -> bool:
-        """Whether the engine recorded `topic` for question `qid` as `source` (None: as
-        any, for an in-run question is recorded as its run's). Asked only on the paths a
-        crash leads to; read from the end of the bus back."""
-        return self.session.last_event(
-            lambda r: r["topic"] == topic and source in (None, r.get("source"))
-            and isinstance(r["payload"], dict) and r["payload"].get("id") == qid) is not None
 
     # --- late answers and recovery ---
 
@@ -273,14 +266,14 @@ class HumanDesk:
         A timeout recorded before the engine stopped (its asker got the default) stands:
         an answer after it is a late one."""
         now = self.clock.now()
-        timed_out = answer is not None and self._on_bus("human.timeout", question.id)
+        timed_out = answer is not None and self.session.done(
+            record_key("human.timeout", question.id))
         if answer is None or timed_out:
             if answer is None and now < question.deadline:
                 return
-            if not timed_out and not self._on_bus("human.timeout", question.id):
-                self.session.append_event("human.timeout", {
-                    "id": question.id, "in_run": True, "asker_gone": True,
-                    "default": question.default})
+            self.session.once(record_key("human.timeout", question.id), "human.timeout", {
+                "id": question.id, "in_run": True, "asker_gone": True,
+                "default": question.default})
             questions.resolve(self._dir, question, Q.TIMED_OUT, now)
             self._question_states[question.id] = "timed_out"
             if timed_out:
@@ -296,10 +289,9 @@ class HumanDesk:
         self.session.append_scratchpad(
             (f"- {answer.answered_at.isoformat(timespec='seconds')} answer to {question.id} "
              f"(\"{question.text}\"): {answer.text}", f"answer to {question.id}"))
-        if not self._on_bus("human.response", question.id):
-            self.session.append_event("human.response", {
-                "id": question.id, "answer": answer.text, "channel": answer.channel,
-                "asker_gone": True})
+        self.session.once(record_key("human.response", question.id), "human.response", {
+            "id": question.id, "answer": answer.text, "channel": answer.channel,
+            "asker_gone": True})
         questions.resolve(self._dir, question, Q.ANSWERED, now)
         self._question_states[question.id] = "settled"
 
@@ -329,11 +321,12 @@ class HumanDesk:
             if question.status is not Q.PENDING:
                 continue
             if question.kind == "in_run":
-                if not self._on_bus("human.question", question.id, source=None):
-                    self.session.append_event("human.question", {
-                        "id": question.id, "text": question.text, "in_run": True,
-                        "deadline": question.deadline.isoformat(), "asker_gone": True},
-                        source=question.context.role or "engine")
+                self.session.once(record_key("human.question", question.id),
+                                  "human.question", {
+                                      "id": question.id, "text": question.text,
+                                      "in_run": True, "asker_gone": True,
+                                      "deadline": question.deadline.isoformat()},
+                                  source=question.context.role or "engine")
                 continue
             if m.pending_question is None:
                 m.pending_question = question.id
@@ -341,5 +334,5 @@ class HumanDesk:
         # the question file is the commit point of asking, its bus record comes after: a
         # crash in between left the question without its record (which `tail`, the status
         # view and the bus's readers go by), so it is written now, once
-        if m.pending_question and not self._on_bus("human.question", m.pending_question):
+        if m.pending_question:
             self._record_question(questions.load_question(self._dir, m.pending_question))

@@ -21,6 +21,13 @@ MAX_OPTIONS = 50
 MAX_SECONDS = 1e9   # as the config's durations: further off overflows datetime
 
 
+def record_key(topic: str, qid: str) -> str:
+    """The dedupe key (the store's `once`) of a question's record on the bus: one
+    human.question, one human.response, one human.timeout per question, whoever records it
+    (the desk, or this module for a run's question) and however many engines crash."""
+    return f"{topic}:{qid}"
+
+
 class RunQuestions:
     def __init__(self, session, clock, *, robot, announce: Callable, state: Callable,
                  reply: Callable[[str, dict], None], wakeup: threading.Event):
@@ -51,7 +58,7 @@ class RunQuestions:
                                               state=self._state().value,
                                               iteration=m.iteration, role=run.role,
                                               task=run.task)))
-        self.session.append_event("human.question", {
+        self.session.once(record_key("human.question", question.id), "human.question", {
             "id": question.id, "text": question.text, "in_run": True,
             "deadline": question.deadline.isoformat()}, source=run.role, run=run.id, via=via)
         self._waiting[question.id] = (request["id"], run.id)
@@ -89,13 +96,13 @@ class RunQuestions:
             # crash in between leaves it pending, its asker gone with the engine, and the
             # next engine settles it for the unit's next run, recording nothing twice (desk)
             if answer is not None:
-                self.session.append_event("human.response", {
+                self.session.once(record_key("human.response", qid), "human.response", {
                     "id": qid, "answer": answer.text, "channel": answer.channel,
                     "in_run": True})
                 self._reply(rid, {"answered": True, "text": answer.text})
                 questions.resolve(d, question, Q.ANSWERED, now)
             elif now >= question.deadline:   # a channel that could not deliver it moved it
-                self.session.append_event("human.timeout", {
+                self.session.once(record_key("human.timeout", qid), "human.timeout", {
                     "id": qid, "in_run": True, "default": question.default,
                     **({"delivery_failed": True} if question.delivery_failed else {})})
                 self._reply(rid, {"answered": False, "default": question.default})
