@@ -235,25 +235,22 @@ class Engine:
         return 0
 
     def record_transition(self, lt) -> None:
-        self.session.append_event(
-            "session.transition",
-            {"n": lt.n, "from": lt.source.value, "to": lt.dest.value, "trigger": lt.trigger,
-             "reason": lt.reason, "at": lt.at.isoformat()},
-            ts=lt.at.isoformat())
-        # the state's work is recorded: guidance delivered to it is done with
-        self.mailbox.forget_delivered()
+        """The transition's record, once by its number (persisted metadata is the commit
+        point; this record comes after it)."""
+        if self.session.once(
+                f"session.transition:{lt.n}", "session.transition",
+                {"n": lt.n, "from": lt.source.value, "to": lt.dest.value,
+                 "trigger": lt.trigger, "reason": lt.reason, "at": lt.at.isoformat()},
+                ts=lt.at.isoformat()):
+            # the state's work is recorded: guidance delivered to it is done with
+            self.mailbox.forget_delivered()
 
     def reconcile(self) -> None:
         """After a crash between persisting metadata and recording the transition, the
-        record is missing: append it, once. Read from the end of the bus back, so a resume
-        costs the same however long the session's history."""
+        record is missing: append it, once (a crash between the record and forgetting
+        the delivered guidance leaves that guidance for a re-run, as before)."""
         lt = self.metadata.orchestrator.last_transition
-        if lt is None:
-            return
-        last = self.session.last_event(lambda r: r["topic"] == "session.transition"
-                                       and r.get("source") == "engine"
-                                       and isinstance(r["payload"], dict))
-        if (last["payload"].get("n", 0) if last else 0) < lt.n:
+        if lt is not None:
             self.record_transition(lt)
 
     def publish(self, topic: str, payload, source: str = "engine") -> dict:
