@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
-BLOCKERS_FILE = "blockers.yaml"
 SCRATCHPAD_FILE = "scratchpad.md"
 RESERVE_FILE = "disk-reserve"        # room kept aside to record a full disk
 RESERVE_BYTES = 64 * 1024
@@ -178,7 +177,7 @@ class Session:
         except OSError:   # none, or a symlink planted in its place: not read
             return None
 
-    # --- the config it started with, its blockers, its end ---
+    # --- the config it started with, its end ---
 
     def config_snapshot(self) -> tuple[bytes, str]:
         """(the config text the session started with, its path for error messages). A
@@ -194,22 +193,6 @@ class Session:
             raise BadInput(f"{path}: the session's config snapshot is empty; the session "
                            f"is not resumed without it")
         return text, path
-
-    def count_blocker(self, cause: str, seq: int, keep: int) -> int | None:
-        """Count one report of a blocker cause (bus record `seq`); the new count, or None
-        when that record was counted already (a crash after counting it)."""
-        path = os.path.join(self.dir, BLOCKERS_FILE)
-        try:
-            counts = parse_yaml(read_nofollow(path), path) or {}
-        except FileNotFoundError:
-            counts = {}
-        seen = counts.setdefault(cause, {"count": 0, "seqs": []})
-        if seq in seen["seqs"]:
-            return None
-        seen["count"] += 1
-        seen["seqs"] = (seen["seqs"] + [seq])[-keep:]
-        write_atomic(path, dump_plain(counts), "blockers")
-        return seen["count"]
 
     def has_summary(self) -> bool:
         """Written last: until it exists, a finished session's closing work is not done."""

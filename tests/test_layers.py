@@ -13,7 +13,7 @@ LAYERS = ("session_store", "states", "engine")   # each may import only what is 
 MAX_LINES = 420
 # the store's own names for its files: nothing above it spells them
 STORE_FILES = ("metadata.yaml", "events.jsonl", "guidance.yaml", "scratchpad.md",
-               "summary.md", "blockers.yaml", "config.yaml", "promoted.yaml",
+               "summary.md", "config.yaml", "promoted.yaml",
                "carried_from.yaml", "progress.md", "plan.md", "session.lock",
                "disk-fault.yaml", "disk-reserve", ".ralph-sessions",
                # the work area's: where agents' tools write and the engine replies

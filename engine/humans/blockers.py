@@ -2,6 +2,12 @@
 emit`, which validates it), counted by its normalised cause, and appended to the
 context-graph file when one is configured. The same cause `repeat_limit` times in a
 session pauses it with the trace as the reason, instead of looping on it.
+
+The count is the bus's: a `blocker.counted` record {cause, seq, count} per blocker event,
+appended through the store's `once` keyed by the event's seq (record-then-effect: a
+crash after it never counts that event again; the trace it then loses is not written
+twice). Only the engine sets a record's dedupe key, so an agent emitting
+`blocker.counted` itself counts nothing.
 """
 from __future__ import annotations
 
@@ -9,12 +15,15 @@ import fcntl
 import json
 import os
 import re
+from collections import Counter
 
 from session_store import PauseKind
 from states import Next, Trigger
 
 from ..config import inside
 from ..event_schemas import validate_blocker
+
+COUNTED = "blocker.counted"   # the engine's record of one blocker event counted
 
 LAST_RESORT = (
     "### Blockers (last resort)\n"
@@ -42,6 +51,27 @@ class BlockerLedger:
         self.settings = settings            # blockers config: trace_path, repeat_limit
         self.observations = observations    # the assessor's counters (blockers_in_iteration)
         self._outside_allowed = outside_allowed   # the human's own config said so
+        self._counts: Counter[str] = Counter()   # cause -> blocker.counted records read
+        self._read_to = 0                        # the seq they were read up to
+
+    def _count(self, cause: str, seq: int) -> int | None:
+        """Count one report of `cause` (bus record `seq`): the new count, or None when
+        that record was counted already (before a crash)."""
+        self._read_counts()
+        count = self._counts[cause] + 1
+        if not self.session.once(f"{COUNTED}:{seq}", COUNTED,
+                                 {"cause": cause, "seq": seq, "count": count}):
+            return None
+        self._read_counts()
+        return self._counts[cause]
+
+    def _read_counts(self) -> None:
+        for record in self.session.events_after(self._read_to):
+            self._read_to = max(self._read_to, record["seq"])
+            payload = record.get("payload")
+            if record["topic"] == COUNTED and str(record.get("once")).startswith(COUNTED + ":") \
+                    and isinstance(payload, dict) and isinstance(payload.get("cause"), str):
+                self._counts[payload["cause"]] += 1
 
     def observe(self, emitted: list[dict]) -> Next | None:
         repeated = None
@@ -49,8 +79,7 @@ class BlockerLedger:
             if event["topic"] != "blocker" or validate_blocker(event["payload"]) is not None:
                 continue
             trace = event["payload"]
-            count = self.session.count_blocker(normalise(trace["cause"]), event["seq"],
-                                               keep=self.settings.repeat_limit)
+            count = self._count(normalise(trace["cause"]), event["seq"])
             if count is None:
                 continue  # counted before a crash: never twice
             self.observations().blockers_in_iteration += 1
