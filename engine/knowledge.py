@@ -41,6 +41,8 @@ class KnowledgeKeeper:
     def decide_by_signal(self, signal) -> str:
         """APPROVE or SKIP, taken from the mailbox: what it did, for handling_metadata."""
         _it, meta = self.tracker.iteration()
+        # not the store's `once`: who decided is written with the decision, in the one
+        # atomic rewrite of the iteration's metadata that is its commit point (views read it)
         if meta.knowledge_decided_by == signal.name:
             # it decided, then a crash came before it was marked: say what it did
             return self._action(meta)

@@ -120,6 +120,8 @@ class Mailbox:
 
     def recover(self) -> Next | None:
         """Finish what a crash interrupted: rejections, and signals taken but not marked."""
+        # not the store's `once`: a signal's record is its own file moving inputs/ ->
+        # processed/ (DESIGN §6, which channels read), idempotent by name at each rename
         d = self._dir
         signals.finish_rejections(d, self.clock.now())
         pending = None
@@ -196,6 +198,8 @@ class Mailbox:
         yet, or delivered to an earlier run of this same unit of work: a run a crash cut
         short, or whose outcome a crash lost, gets them again. They leave the queue at the
         next transition (forget_delivered)."""
+        # not the store's `once`: `delivered_to` routes an item to a re-run of the same unit
+        # (it is delivered again, on purpose), and the effect is the prompt an agent reads
         return [g for g in signals.guidance(self._dir) if g["target"] in ("all", role)
                 and g.get("task") in (None, task) and g.get("delivered_to") in (None, unit)]
 

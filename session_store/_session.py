@@ -162,7 +162,8 @@ class Session:
 
     def append_scratchpad(self, *notes: tuple[str, str | None]) -> None:
         """Append notes (text, mark) in one rewrite; a note whose mark is there already
-        is skipped, so appending is idempotent by mark."""
+        is skipped, so appending is idempotent by mark. Not `once`: the note is the effect,
+        in a file the agents read and write; a bus key beside it could not share its write."""
         old = self.scratchpad() or "# Scratchpad\n"
         new = [text.rstrip("\n") for text, mark in notes if not (mark and mark in old)]
         if new:
