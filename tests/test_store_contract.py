@@ -1,0 +1,275 @@
+"""The store's contract, for every backend: the Session handle's verbs as the engine uses
+them (append and read by seq; once and done, the exactly-once primitive), under
+concurrent callers in real processes and under kill -9 at each durable step of an append.
+
+Parametrised by the fixture `store` (today "file"; a PostgreSQL backend joins later by
+adding its adapter to BACKENDS: making a session, opening a new handle on it as the next
+engine would, naming it to a child process, and the kill points of its append).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from support import REPO
+import session_store
+from session_store import append_event, create, load
+from session_store._events import complete_size   # the file backend's own (FileStore)
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+
+class FileStore:
+    """The file backend: a session directory, its bus events.jsonl."""
+
+    name = "file"
+
+    def __init__(self, tmp_path):
+        self.workspace = tmp_path / "ws"
+        self.workspace.mkdir()
+
+    def new(self, sid: str = "s1"):
+        return create(str(self.workspace), "contract", now=NOW, session_id=sid)
+
+    def reopen(self, session):
+        """A new handle on the session: the next engine's, after a crash."""
+        return load(str(self.workspace), session.id)
+
+    def spec(self, session) -> dict:
+        """What a child process needs to open the session (see CHILD)."""
+        return {"backend": self.name, "workspace": str(self.workspace), "id": session.id}
+
+    def tear(self, session, key: str) -> None:
+        """Half of a record with dedupe key `key` left as the last line (a torn append)."""
+        line = json.dumps({"seq": 99, "topic": "t", "payload": None, "once": key})
+        with open(os.path.join(session.dir, "events.jsonl"), "ab") as f:
+            f.write(line[:len(line) // 2].encode())
+
+    def torn(self, session) -> bool:
+        """Whether the bus ends in a torn line."""
+        path = os.path.join(session.dir, "events.jsonl")
+        return complete_size(session.dir) < os.path.getsize(path)
+
+
+BACKENDS = {"file": FileStore}
+
+
+@pytest.fixture(params=["file"])
+def store(request, tmp_path):
+    return BACKENDS[request.param](tmp_path)
+
+
+def records(session) -> list[dict]:
+    return session.events_after(0)
+
+
+def keyed(session, key: str) -> list[dict]:
+    return [r for r in records(session) if r.get("once") == key]
+
+
+def assert_seqs_whole(session) -> None:
+    seqs = [r["seq"] for r in records(session)]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+
+
+# --- append and read by seq ---
+
+def test_append_returns_the_record_with_the_next_seq_and_reads_give_them_in_order(store):
+    s = store.new()
+    appended = [s.append_event("t", {"i": i}) for i in range(5)]
+    assert [r["seq"] for r in appended] == [2, 3, 4, 5, 6]   # 1: session.created
+    got = records(store.reopen(s))
+    assert [r["seq"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert [r["payload"] for r in got[1:]] == [{"i": i} for i in range(5)]
+    assert all(r["source"] == "engine" and r["state"] == "PLANNING" for r in got)
+
+
+def test_reads_by_seq_get_only_what_came_after(store):
+    s = store.new()
+    reader = s.reader()
+    s.append_event("a")
+    other = store.reopen(s)
+    other.append_event("b")
+    assert [r["topic"] for r in reader.read_new()] == ["a", "b"]
+    assert reader.read_new() == []
+    assert [r["topic"] for r in s.events_after(2)] == ["b"] and s.events_after(3) == []
+    assert s.last_seq() == other.last_seq() == 3
+    assert [r["seq"] for r in s.tail(2)] == [2, 3]
+    assert s.last_event(lambda r: r["topic"] == "a")["seq"] == 2
+
+
+# --- once and done ---
+
+def test_once_is_true_exactly_once_for_a_key(store):
+    s = store.new()
+    assert not s.done("k")
+    assert s.once("k", "t", {"n": 1}) is True
+    assert s.done("k")
+    assert s.once("k", "t", {"n": 2}) is False
+    assert s.once("j", "t") is True   # another key is another thing
+    [record] = keyed(s, "k")
+    assert record["payload"] == {"n": 1} and record["topic"] == "t"
+    assert_seqs_whole(s)
+
+
+def test_once_keeps_the_records_fields(store):
+    s = store.new()
+    s.once("k", "t", {"x": 1}, source="executor", ts="2026-11-22T12:00:00+00:00",
+           run="r1", via=[0, 10])
+    [r] = keyed(s, "k")
+    assert (r["source"], r["ts"], r["run"], r["via"]) == (
+        "executor", "2026-11-22T12:00:00+00:00", "r1", [0, 10])
+
+
+def test_a_key_is_done_for_every_handle_whenever_it_was_opened(store):
+    s = store.new()
+    early = store.reopen(s)   # opened (and its index read) before the key was recorded
+    assert not early.done("k")
+    assert s.once("k", "t")
+    assert early.done("k") and store.reopen(s).done("k")
+    assert early.once("k", "t") is False and store.reopen(s).once("k", "t") is False
+    assert len(keyed(s, "k")) == 1
+
+
+def test_only_the_records_own_key_counts(store):
+    """A payload that says `once` is an agent's words, not a key; a plain append has none."""
+    s = store.new()
+    s.append_event("t", {"once": "k"})
+    append_event(s.dir, "t", "once: k")
+    assert not s.done("k") and s.once("k", "t")
+
+
+def test_a_bad_key_is_refused(store):
+    s = store.new()
+    for key in ("", None, 3):
+        with pytest.raises(session_store.BadInput):
+            s.once(key, "t")
+
+
+def test_a_torn_last_line_is_no_done_key(store):
+    s = store.new()
+    store.tear(s, "k")
+    assert store.torn(s)
+    nxt = store.reopen(s)
+    assert not nxt.done("k")
+    assert nxt.once("k", "t") is True   # the torn line is cut off, the record written whole
+    assert len(keyed(nxt, "k")) == 1 and nxt.done("k")
+    assert_seqs_whole(nxt)
+
+
+def test_many_keys_stay_cheap_to_ask(store):
+    """The index is read once, then caught up: asking is not a scan of the bus."""
+    s = store.new()
+    for i in range(300):
+        assert s.once(f"k{i}", "t")
+    fresh = store.reopen(s)
+    assert all(fresh.done(f"k{i}") for i in range(300)) and not fresh.done("k300")
+    assert fresh.once("k300", "t") and fresh.done("k300") and s.done("k300")
+    if store.name == "file":   # caught up from the offset it had read to, not read again
+        index = fresh._once_index()
+        offset = index.offset
+        assert fresh.once("k301", "t") and index.offset > offset and "k301" in index.keys
+
+
+# --- concurrent callers: real processes ---
+
+def _race(spec: dict, keys: list[str], barrier, results) -> None:
+    s = _open(spec)
+    barrier.wait()
+    results.put([(key, s.once(key, "race", {"pid": os.getpid()})) for key in keys])
+
+
+def _open(spec: dict):
+    if spec["backend"] == "file":
+        return load(spec["workspace"], spec["id"])
+    raise AssertionError(spec)
+
+
+def test_concurrent_processes_one_wins_each_key(store):
+    s = store.new()
+    ctx = multiprocessing.get_context("fork")
+    n, keys = 6, [f"k{i}" for i in range(10)]
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(store.spec(s), keys, barrier, results))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    won = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for key in keys:
+        assert sum(ok for result in won for k, ok in result if k == key) == 1, key
+        assert len(keyed(s, key)) == 1, key
+    assert_seqs_whole(s)
+
+
+# --- kill -9 at each durable step of an append ---
+
+# A child opens the session and calls once(key); at `point` it SIGKILLs itself:
+#   before  - before the call;          locked  - holding the bus's lock, key checked;
+#   torn    - half the line written;    written - the whole line, before its fsync;
+#   synced  - the line fsynced, the lock released, before once returns.
+CHILD = r"""
+import json, os, signal, sys
+spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+from session_store import _events, load
+
+def die(*_args, **_kwargs):
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+real_catch_up, real_write = _events.OnceIndex.catch_up, os.write
+
+def catch_up(self, end=None):
+    real_catch_up(self, end)
+    if end is not None:   # under the lock
+        die()
+
+def write(fd, data):
+    if isinstance(data, bytes) and key.encode() in data and data.endswith(b"\n"):
+        real_write(fd, data[:len(data) // 2])
+        die()
+    return real_write(fd, data)
+
+session = load(spec["workspace"], spec["id"])
+if point == "before":
+    die()
+elif point == "locked":
+    _events.OnceIndex.catch_up = catch_up
+elif point == "torn":
+    os.write = write
+elif point == "written":
+    _events.fsync = die
+elif point == "synced":
+    _events.durable_write_done = die
+print(session.once(key, "killed", {"point": point}))
+"""
+
+KILL_POINTS = {"before": False, "locked": False, "torn": False, "written": True,
+               "synced": True}
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_kill_9_at_each_step_leaves_the_key_done_iff_its_line_is_whole(store, point):
+    s = store.new()
+    s.once("other", "t")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(store.spec(s)), "k", point],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
+    assert store.torn(s) is (point == "torn")
+    nxt = store.reopen(s)
+    done = KILL_POINTS[point]
+    assert nxt.done("k") is done
+    assert nxt.once("k", "t", {"after": point}) is (not done)   # done again only if not done
+    assert len(keyed(nxt, "k")) == 1 and nxt.done("other")
+    assert_seqs_whole(nxt)
+    assert store.reopen(s).once("k", "t") is False
