@@ -43,6 +43,7 @@ from ._errors import BadInput
 EVENTS_FILE = "events.jsonl"
 REFUSED = "emit.refused"   # the record of a request the engine did not take
 ONCE = "once"              # a record's dedupe key (see above)
+_ONCE_BYTES = b'"once"'    # in every line that has the field (and a few others)
 _TAIL_CHUNK = 65536
 _READ_CHUNK = 1 << 20
 # A line longer than this is no event (an agent's event is capped well below it): readers
@@ -164,7 +165,8 @@ class OnceIndex:
             self.offset = 0
         if end == self.offset:
             return
-        records, self.offset = read_events(self.dir, self.offset)
+        # a line without the field's bytes has no key: not parsed (a resume reads it all)
+        records, self.offset = read_events(self.dir, self.offset, having=_ONCE_BYTES)
         self.keys.update(r[ONCE] for r in records if isinstance(r.get(ONCE), str))
 
     def done(self, key: str) -> bool:
@@ -172,8 +174,10 @@ class OnceIndex:
         return key in self.keys
 
 
-def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
+def read_events(session_dir: str, offset: int = 0, *,
+                having: bytes | None = None) -> tuple[list[dict], int]:
     """Records from byte `offset` on, and the offset just past the last complete line.
+    With `having`, only the lines that contain it are parsed (the others are skipped).
 
     A torn last line is left for later; a complete line that is not a record is skipped,
     and so is one longer than MAX_RECORD_BYTES, without being held whole: the file is read
@@ -197,7 +201,8 @@ def read_events(session_dir: str, offset: int = 0) -> tuple[list[dict], int]:
             size = _gather(pieces, size, parts[0])
             if len(parts) == 1:
                 continue
-            records += _records([b"".join(pieces) if size > 0 else b"", *parts[1:-1]])
+            records += _records([b"".join(pieces) if size > 0 else b"", *parts[1:-1]],
+                                having)
             pieces = []
             size = _gather(pieces, 0, parts[-1])
             done = at - len(parts[-1])
@@ -294,10 +299,11 @@ def _gather(pieces: list[bytes], size: int, piece: bytes) -> int:
     return size + len(piece)
 
 
-def _records(lines):
-    """The records among whole lines: an empty one, one past the cap, garbage skipped."""
+def _records(lines, having: bytes | None = None):
+    """The records among whole lines: an empty one, one past the cap, garbage skipped
+    (and, with `having`, one without it)."""
     for line in lines:
-        if line and len(line) <= MAX_RECORD_BYTES:
+        if line and len(line) <= MAX_RECORD_BYTES and (having is None or having in line):
             record = _record(line)
             if record is not None:
                 yield record
