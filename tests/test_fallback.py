@@ -265,6 +265,30 @@ def test_the_same_blocker_three_times_pauses_with_the_trace(workspace):
     assert "Blockers (last resort)" in prompts(sd, "executor", "t1")[0]
 
 
+def test_each_blocker_is_counted_once_by_the_bus_and_an_agents_count_record_counts_nothing(
+        session):
+    """The count is the engine's blocker.counted records (each through the store's once,
+    keyed by the blocker's seq): a new engine after a crash never counts one again."""
+    from types import SimpleNamespace
+
+    from engine.humans.blockers import COUNTED, BlockerLedger
+    from states import Trigger
+    settings, seen = SimpleNamespace(trace_path=None, repeat_limit=2), Observations()
+
+    def ledger():   # a new engine's
+        return BlockerLedger(session, settings, lambda: seen)
+    session.append_event(COUNTED, {"cause": "api key missing", "seq": 1, "count": 9},
+                         source="executor")   # an agent's words, not the engine's count
+    first = session.append_event("blocker", blocker("API key missing"), source="executor")
+    assert ledger().observe([first]) is None and seen.blockers_in_iteration == 1
+    assert ledger().observe([first]) is None and seen.blockers_in_iteration == 1
+    second = session.append_event("blocker", blocker("api key MISSING!"), source="executor")
+    decision = ledger().observe([second])
+    assert decision.trigger is Trigger.PAUSE and "the same blocker 2 times" in decision.reason
+    assert [r["payload"]["count"] for r in events(session.dir)
+            if str(r.get("once")).startswith(COUNTED)] == [1, 2]
+
+
 BAD_BLOCKERS = [({**blocker("x"), "cause": 3}, "$.cause"),
                 ({k: v for k, v in blocker("x").items() if k != "attempting"}, "$.attempting"),
                 ({**blocker("x"), "severity": "high"}, "$.severity"),
