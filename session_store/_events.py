@@ -19,12 +19,20 @@ no record and no key, and the next appender cuts it off). Never twice, never hal
 That makes the record exactly once. An effect outside the bus cannot join that one
 write, so its caller picks a side of the kill:
   - record-then-effect (`if once(...): effect()`): a kill between them loses the effect
-    (at most once); use it where the record is the effect (a transition's, a question's
-    record) or where losing the effect is the lesser harm;
+    (at most once); use it where losing the effect is the lesser harm;
   - effect-then-record (`if not done(key): effect(); once(key, ...)`): a kill between
     them repeats the effect (at least once); the effect must be idempotent (an atomic
     file rewrite keyed by the same id, a question resolved again) for the pair to be
     exactly once.
+A kill -9 after the line's write and before its fsync leaves it done (the page cache
+outlives the process); a power cut there may lose it, but then `once` never returned,
+so no effect after it happened either. Who uses it, and on which side: a transition's
+record comes after its metadata (the commit point), and forgetting the guidance it
+delivered after the record (lost on a kill: the guidance stays for a re-run); a
+question's human.question comes after its question file (asking's commit point), its
+human.response or human.timeout beside the question's resolve, which the next engine
+repeats idempotently whichever side the kill fell on; a blocker's count record comes
+before its trace in the user's workspace (lost on a kill, never written twice).
 """
 from __future__ import annotations
 
