@@ -23,9 +23,17 @@ from ._schema import BOOLEAN_HINT, shown
 
 
 def structure(data, cls, source: str):
-    """Build `cls` from plain data; BadInput naming `source` and the first mistake's path."""
+    """Build `cls` from plain data; BadInput naming `source` and the first mistake's path.
+    Data the store wrote is right: it is built by the converter without detailed
+    validation, whose code is half as long to generate (a typed command builds each class
+    once); what fails there is built again by the detailed one, which names the path."""
+    data = {} if data is None else data
     try:
-        return _converter.structure({} if data is None else data, cls)
+        return _fast.structure(data, cls)
+    except Exception:
+        pass
+    try:
+        return _converter.structure(data, cls)
     except Exception as e:
         raise BadInput(f"{source}: {_lines(e, '$')[0]}") from None
 
@@ -149,22 +157,28 @@ def _origin_is(kind: type):
     return lambda tp: getattr(tp, "__origin__", None) is kind
 
 
-_converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-for _tp, _name in ((str, "a string"), (int, "an integer"), (bool, "a boolean")):
-    _converter.register_structure_hook(_tp, _strict(_tp, _name))
-_converter.register_structure_hook(float, _float)
-_converter.register_structure_hook(datetime, _datetime)
-_converter.register_unstructure_hook(datetime, datetime.isoformat)
-_converter.register_structure_hook_func(
-    lambda tp: isinstance(tp, type) and issubclass(tp, enum.Enum), _enum)
-_converter.register_structure_hook_factory(
-    _origin_is(list), lambda tp: _only(list, "a list", list_structure_factory(tp, _converter)))
-_converter.register_structure_hook_factory(
-    _origin_is(dict),
-    lambda tp: _only(dict, "a mapping", mapping_structure_factory(tp, _converter)))
-_converter.register_structure_hook_factory(
-    attrs.has,
-    lambda cls: _only(dict, "a mapping", _converter.gen_structure_attrs_fromdict(cls)))
+def _strict_converter(detailed: bool) -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=detailed)
+    for tp, name in ((str, "a string"), (int, "an integer"), (bool, "a boolean")):
+        converter.register_structure_hook(tp, _strict(tp, name))
+    converter.register_structure_hook(float, _float)
+    converter.register_structure_hook(datetime, _datetime)
+    converter.register_unstructure_hook(datetime, datetime.isoformat)
+    converter.register_structure_hook_func(
+        lambda tp: isinstance(tp, type) and issubclass(tp, enum.Enum), _enum)
+    converter.register_structure_hook_factory(
+        _origin_is(list), lambda tp: _only(list, "a list", list_structure_factory(tp, converter)))
+    converter.register_structure_hook_factory(
+        _origin_is(dict),
+        lambda tp: _only(dict, "a mapping", mapping_structure_factory(tp, converter)))
+    converter.register_structure_hook_factory(
+        attrs.has,
+        lambda cls: _only(dict, "a mapping", converter.gen_structure_attrs_fromdict(cls)))
+    return converter
+
+
+_converter = _strict_converter(detailed=True)   # names every mistake's path
+_fast = _strict_converter(detailed=False)       # for data that is right: the store's own
 
 
 def _class_of(tp):

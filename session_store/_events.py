@@ -107,8 +107,11 @@ def append_event(session_dir: str, topic: str, payload=None, *, source: str = "e
                  ts: str | None = None, run: str | None = None, via: list | None = None) -> dict:
     """Append one record to the session's bus and return it (with its seq). `run`: the
     agent run it came from; `via`: where in the work area's outbox (see _outbox)."""
-    return _append(session_dir, dict(topic=topic, payload=payload, source=source,
-                                     iteration=iteration, state=state, ts=ts, run=run, via=via))
+    record = _append(session_dir, dict(topic=topic, payload=payload, source=source,
+                                       iteration=iteration, state=state, ts=ts, run=run,
+                                       via=via))
+    assert record is not None   # without a key, it always appends
+    return record
 
 
 def append_once(session_dir: str, index: "OnceIndex", key: str, topic: str, payload=None,
@@ -148,7 +151,7 @@ def _append(session_dir: str, fields: dict, key: str | None = None,
         except OSError:
             os.ftruncate(fd, size)   # never leave a torn or unflushed line behind
             raise
-        if index is not None:
+        if index is not None and key is not None:
             index.keys.add(key)
             index.offset = size + len(line)
     durable_write_done("event", path)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -51,6 +52,13 @@ class FileStore:
         line = json.dumps({"seq": 99, "topic": "t", "payload": None, "once": key})
         with open(os.path.join(session.dir, "events.jsonl"), "ab") as f:
             f.write(line[:len(line) // 2].encode())
+
+    def sessions(self):
+        """The workspace's sessions as a channel sees them (by id, buses by seq)."""
+        return session_store.Sessions(str(self.workspace))
+
+    def channel_files(self, channel: str):
+        return session_store.ChannelFiles(str(self.workspace), channel)
 
     def torn(self, session) -> bool:
         """Whether the bus ends in a torn line."""
@@ -273,3 +281,87 @@ def test_kill_9_at_each_step_leaves_the_key_done_iff_its_line_is_whole(store, po
     assert len(keyed(nxt, "k")) == 1 and nxt.done("other")
     assert_seqs_whole(nxt)
     assert store.reopen(s).once("k", "t") is False
+
+
+# --- Sessions: the workspace's sessions by id, their buses by seq, wakeups as changes ---
+
+def test_a_bus_is_read_by_seq(store):
+    sessions = store.sessions()
+    s = store.new("s1")
+    assert sessions.ids() == ["s1"] and sessions.last_seq("s1") == 1   # session.created
+    for i in range(5):
+        s.append_event("human.progress", f"step {i}")
+    assert [e["seq"] for e in sessions.events_after("s1", 0)] == [1, 2, 3, 4, 5, 6]
+    assert [e["payload"] for e in sessions.events_after("s1", 4)] == ["step 3", "step 4"]
+    assert sessions.events_after("s1", 6) == [] and sessions.last_seq("s1") == 6
+    assert [e["seq"] for e in s.tail(2)] == [5, 6]
+
+
+def test_a_torn_last_record_is_not_read_until_the_next_append_cuts_it(store):
+    sessions = store.sessions()
+    s = store.new("s1")
+    store.tear(s, "k")
+    assert sessions.last_seq("s1") == 1 and sessions.events_after("s1", 1) == []
+    s.append_event("human.progress", "after the tear")
+    assert [(e["seq"], e["payload"]) for e in sessions.events_after("s1", 1)] == \
+        [(2, "after the tear")]
+
+
+def test_a_watch_names_what_changed(store):
+    import queue
+    sessions = store.sessions()
+    s1 = store.new("s1")
+    changes: queue.Queue = queue.Queue()
+    stop = sessions.watch(changes.put)
+
+    def heard(what: str, sid: str) -> None:
+        while True:   # (a session's own directory changing says "session" too)
+            change = changes.get(timeout=10)
+            if (change.what, change.session) == (what, sid):
+                return
+    try:
+        s1.append_event("human.progress", "hello")
+        heard("events", "s1")
+        store.new("s2")
+        heard("session", "s2")
+        stop.add("s2")
+        sessions.load("s2").append_event("human.progress", "there")
+        heard("events", "s2")
+    finally:
+        stop()
+
+
+# --- ChannelFiles: one process runs a channel per workspace; its state is replaced whole
+
+def _hold_channel_lock(files, ready):
+    ready.put(files.try_lock() is not None)
+    time.sleep(60)   # until killed
+
+
+def test_one_process_at_a_time_holds_a_channels_lock(store):
+    files = store.channel_files("telegram")
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Queue()
+    holder = ctx.Process(target=_hold_channel_lock, args=(files, ready))
+    holder.start()
+    try:
+        assert ready.get(timeout=30) is True
+        assert files.try_lock() is None and files.lock_holder() == str(holder.pid)
+        os.kill(holder.pid, signal.SIGKILL)   # the holder dies: its lock goes with it
+        holder.join(10)
+        fd = files.try_lock()
+        assert fd is not None
+        os.close(fd)
+    finally:
+        if holder.is_alive():
+            holder.kill()
+        holder.join(10)
+
+
+def test_a_channels_state_is_replaced_whole(store):
+    files = store.channel_files("telegram")
+    assert files.read_state() is None
+    files.write_state('{"read_seqs": {"s1": 3}}\n', "telegram-state")
+    files.write_state('{"read_seqs": {"s1": 4}}\n', "telegram-state")
+    assert files.read_state() == b'{"read_seqs": {"s1": 4}}\n'
+    assert not [n for n in os.listdir(files.dir) if n.endswith(".tmp")]
