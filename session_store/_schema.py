@@ -1,8 +1,13 @@
-"""The store's YAML: PyYAML (imported only when needed) for what people and agents write,
-and a fast dialect of its own for what the store writes: block mappings and lists of
-plain scalars, strings as JSON strings (which YAML reads as double-quoted scalars).
-`dump_plain` writes it, `parse_yaml` reads it without PyYAML (any other YAML goes to
-PyYAML, so a hand-edited file reads as it always did)."""
+"""The store's formats: JSON for what the store writes itself (`dump_plain`), PyYAML
+(imported only when needed) for what people and agents write. `parse_yaml` reads both:
+JSON first, without PyYAML; any other YAML (a hand-edited file, one written by an older
+ralph in its own YAML dialect) goes to PyYAML.
+
+JSON rather than PyYAML or a dialect of ralph's own, by bench 15 (same run): one read and
+one write of a session's metadata cost 39 µs as JSON, 93 µs in the dialect ralph had,
+517 µs through PyYAML's C loader and dumper, which also cost a command 16 ms to import.
+JSON is YAML 1.2, so a YAML reader reads these files too; what PyYAML (YAML 1.1) would
+refuse or fold inside a string is escaped, and a float is written with its dot."""
 from __future__ import annotations
 
 import json
@@ -38,8 +43,8 @@ def parse_yaml(text: str | bytes, source: str):
         except UnicodeDecodeError:
             return _pyyaml_load(text, source)   # PyYAML names what is wrong
     try:
-        return load_plain(text)
-    except (NotPlain, ValueError, RecursionError):   # PyYAML reads it, or names the error
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError):   # PyYAML reads it, or names the error
         return _pyyaml_load(text, source)
 
 
@@ -114,209 +119,33 @@ def dump_yaml(data) -> str:
     return yaml.dump(data, Dumper=dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
-# --- plain documents, fast ---
-
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_YAML11_WORDS = {"yes", "no", "on", "off", "true", "false", "null"}
-# what JSON leaves as is but YAML refuses (non-printable) or folds (its line breaks)
+# what JSON leaves as is but YAML 1.1 refuses (non-printable) or folds (its line breaks)
 _UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
-
-
-def _quoted(text: str) -> str:
-    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return f'"{text}"'   # what json.dumps gives, at a fraction of its cost
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
+# a float without a dot (1e-05): YAML 1.1 reads it as a string. Strings are matched
+# first, so a number's look-alike inside one is left alone
+_EXPONENT = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![0-9.])(-?[0-9]+)(e[-+][0-9]+)')
+_HAS_EXPONENT = re.compile(r"[0-9]e[-+]")
 
 
 def dump_plain(data: dict) -> str:
     """The store's own documents (plain data: str keys; str, int, float, bool, None, lists
-    and dicts) as block YAML, an order of magnitude faster than PyYAML's pure-Python
-    representer, which cost more than a millisecond per metadata write. Strings are
-    written as JSON strings, which YAML reads as double-quoted scalars."""
-    out: list[str] = []
-    _mapping(data, "", out)
-    return "\n".join(out) + "\n"
+    and dicts) as JSON that YAML 1.1 readers read alike."""
+    text = _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                       json.dumps(data, ensure_ascii=False, indent=1, allow_nan=False))
+    if _HAS_EXPONENT.search(text):
+        text = _EXPONENT.sub(lambda m: m.group(0) if m.group(1) is None
+                             else f"{m.group(1)}.0{m.group(2)}", text)
+    return text + "\n"
 
 
-_KEYS: dict[str, str] = {}   # a document's keys, as written: field names, mostly
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object; one that repeats a key is left to PyYAML, which names it."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("duplicate key")
+    return found
 
 
-def _key(k: str) -> str:
-    written = _KEYS.get(k)
-    if written is None:
-        written = k if _PLAIN_KEY.match(k) and k.lower() not in _YAML11_WORDS else _quoted(k)
-        if len(_KEYS) < 4096:
-            _KEYS[k] = written
-    return written
-
-
-def _scalar(v) -> str:
-    kind = type(v)
-    if kind is str:
-        return _quoted(v)
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        r = repr(v)
-        # YAML 1.1 (PyYAML) reads 1e-05 as a string: a float needs its dot
-        return r.replace("e", ".0e") if "e" in r and "." not in r else r
-    if isinstance(v, str):
-        return _quoted(v)
-    raise TypeError(f"not plain data: {type(v).__name__}")
-
-
-def _flow(v) -> str:
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_key(k)}: {_flow(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_flow(x) for x in v) + "]"
-    return _scalar(v)
-
-
-def _mapping(data: dict, pad: str, out: list[str]) -> None:
-    for k, v in data.items():
-        if isinstance(v, dict) and v:
-            out.append(f"{pad}{_key(k)}:")
-            _mapping(v, pad + "  ", out)
-        elif isinstance(v, list) and v:
-            out.append(f"{pad}{_key(k)}:")
-            _sequence(v, pad + "  ", out)
-        elif isinstance(v, (dict, list)):
-            out.append(f"{pad}{_key(k)}: {_flow(v)}")
-        else:
-            out.append(f"{pad}{_key(k)}: {_scalar(v)}")
-
-
-def _sequence(items: list, pad: str, out: list[str]) -> None:
-    for v in items:
-        if isinstance(v, dict) and v:
-            start = len(out)
-            _mapping(v, pad + "  ", out)
-            out[start] = f"{pad}- {out[start][len(pad) + 2:]}"
-        else:
-            out.append(f"{pad}- {_flow(v)}")
-
-
-class NotPlain(Exception):
-    """The text is not in dump_plain's dialect (PyYAML reads it instead)."""
-
-
-# besides _UNSAFE (what dump_plain escapes: what YAML refuses, or folds in a quoted string),
-# the control characters JSON escapes too (a tab, a CR): none is in the dialect
-_CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
-_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
-_PLAIN_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:e[-+][0-9]+)?\Z")   # as PyYAML's resolver
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON pairs them, YAML does not
-_KEY_LINE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*):(?: (.+))?\Z')   # key: scalar, or key:
-_JSON = json.JSONDecoder()
-_WORDS = {"null": None, "true": True, "false": False}
-
-
-def load_plain(text: str) -> dict:
-    """What PyYAML reads from `text`, when `text` is in dump_plain's dialect (a mapping at
-    the top); else NotPlain. Anything it accepts, PyYAML reads the same."""
-    if not text.endswith("\n") or _CONTROL.search(text) or _UNSAFE.search(text):
-        raise NotPlain
-    lines = text[:-1].split("\n")
-    indents = [len(line) - len(line.lstrip(" ")) for line in lines]
-    end, data = _load_mapping(lines, indents, 0, 0)
-    if end != len(lines):
-        raise NotPlain
-    return data
-
-
-def _load_mapping(lines: list[str], indents: list[int], i: int, indent: int) -> tuple[int, dict]:
-    out: dict = {}
-    n, key_line = len(lines), _KEY_LINE.match
-    while i < n and indents[i] >= indent:
-        if indents[i] != indent:
-            raise NotPlain
-        m = key_line(lines[i], indent)   # the common line, `key: scalar` or `key:`
-        if m is not None:
-            key, rest = m.group(1, 2)
-            if key.lower() in _YAML11_WORDS:
-                raise NotPlain
-        else:
-            key, rest = _load_quoted_key(lines[i][indent:])
-        if key in out:
-            raise NotPlain   # PyYAML's reading refuses it, naming the key's path
-        if rest is None:   # a block below
-            i, out[key] = _load_block(lines, indents, i + 1, indent + 2)
-        else:
-            out[key] = _load_scalar(rest)
-            i += 1
-    return i, out
-
-
-def _load_block(lines: list[str], indents: list[int], i: int, indent: int) -> tuple[int, object]:
-    if i >= len(lines) or indents[i] != indent:
-        raise NotPlain   # `key:` with nothing below is null in YAML: not written so here
-    if not lines[i].startswith("- ", indent):
-        return _load_mapping(lines, indents, i, indent)
-    items: list = []
-    while i < len(lines) and indents[i] == indent and lines[i].startswith("- ", indent):
-        body = lines[i][indent + 2:]
-        if _KEY_LINE.match(body) or (body.startswith('"') and _quoted_key(body) is not None):
-            # the item's mapping starts on its line
-            lines[i], indents[i] = " " * (indent + 2) + body, indent + 2
-            i, item = _load_mapping(lines, indents, i, indent + 2)
-        else:
-            item, i = _load_scalar(body), i + 1
-        items.append(item)
-    return i, items
-
-
-def _load_quoted_key(body: str) -> tuple[str, str | None]:
-    """(a JSON-quoted key, the scalar after it, or None when a block follows)."""
-    found = _quoted_key(body) if body.startswith('"') else None
-    if found is None:
-        raise NotPlain
-    key, end = found
-    rest = body[end + 1:]
-    if not rest:
-        return key, None
-    if not rest.startswith(" "):
-        raise NotPlain
-    return key, rest[1:]
-
-
-def _quoted_key(body: str) -> tuple[str, int] | None:
-    """A JSON-quoted key and where it ends, when `body` starts with one and a colon."""
-    try:
-        key, end = _JSON.raw_decode(body)
-    except ValueError:
-        return None
-    if not isinstance(key, str) or body[end:end + 1] != ":" or _SURROGATE_ESCAPE.search(
-            body[:end]) or body[end + 1:end + 2] not in ("", " "):
-        return None
-    return key, end
-
-
-def _load_scalar(text: str):
-    if text[:1] == '"' and text[-1] == '"' and text.count('"') == 2 and "\\" not in text:
-        return text[1:-1]   # a JSON string without escapes is its own text
-    if text.startswith('"') and not _SURROGATE_ESCAPE.search(text):
-        try:
-            value, end = _JSON.raw_decode(text)
-        except ValueError:
-            raise NotPlain from None
-        if end == len(text) and isinstance(value, str):
-            return value
-        raise NotPlain
-    if text in _WORDS:
-        return _WORDS[text]
-    if text == "{}":
-        return {}
-    if text == "[]":
-        return []
-    if _PLAIN_INT.match(text):
-        return int(text)
-    if _PLAIN_FLOAT.match(text):
-        return float(text)
-    raise NotPlain
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON number")
