@@ -61,7 +61,6 @@ def _candidates():
 
 
 def _per_op(load, dump, data, rounds: int) -> float:
-    text = dump(data)
     times = []
     for _ in range(rounds):
         start = time.perf_counter()

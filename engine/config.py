@@ -313,9 +313,9 @@ def check_telegram_as_started(config: Config, workspace: str, source: str | None
         return
     sid, then = started
     now_t, then_t = config.RObot.telegram, then.RObot.telegram
-    for field in ("api_url", "allowed_chat_ids"):
-        if getattr(now_t, field) != getattr(then_t, field):
-            raise BadInput(f"{source}: $.RObot.telegram.{field} differs from what session "
+    for name in ("api_url", "allowed_chat_ids"):
+        if getattr(now_t, name) != getattr(then_t, name):
+            raise BadInput(f"{source}: $.RObot.telegram.{name} differs from what session "
                            f"{sid} started with, and agents can rewrite this file: check it, "
                            f"or give a config outside the workspace with -c")
 

@@ -60,7 +60,7 @@ class WebServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, err = self.proc.communicate()
-            raise AssertionError(f"ralph web did not stop on SIGTERM; stderr: {err}")
+            raise AssertionError(f"ralph web did not stop on SIGTERM; stderr: {err}") from None
         self.stderr = err
         if expect is not None:
             assert self.proc.returncode == expect, (self.proc.returncode, err)

@@ -404,8 +404,8 @@ def test_abort_stops_a_sleeping_agent_and_runs_the_cleanup_checklist(workspace):
     assert m["orchestrator"]["state"] == "COMPLETE"
     assert m["status"] == "aborted" and m["completed_at"]
     assert progress_markers(sdir)["1"] == {"t1": "x", "t2": "F", "t3": " "}
-    line = next(l for l in (sdir / "iterations/1/progress.md").read_text().splitlines()
-                if "t2" in l)
+    line = next(text for text in (sdir / "iterations/1/progress.md").read_text().splitlines()
+                if "t2" in text)
     assert "Aborted by signal" in line
     it = yaml.safe_load((sdir / "iterations/1/metadata.yaml").read_text())
     assert it["completed_at"]
@@ -778,7 +778,7 @@ def _alias_bomb(field: str) -> bytes:
     for i in range(1, 9):
         lines.append(f"b{i}: &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]")
         prev = f"b{i}"
-    return ("\n".join(f"  - {l.split(': ', 1)[1]}" for l in lines).join(
+    return ("\n".join(f"  - {line.split(': ', 1)[1]}" for line in lines).join(
         ["z:\n", f"\n{field}: *{prev}\n"])).encode()
 
 
@@ -996,7 +996,7 @@ def test_a_session_consumes_a_generated_batch_of_bad_and_good_signals(workspace)
     assert set(processed) | set(rejected) == set(names), set(names) - set(processed) - set(rejected)
     assert list(inputs.iterdir()) == []   # the directory too: moved aside, beside its reason
     assert not leftovers(sdir)
-    for name, doc in processed.items():
+    for doc in processed.values():
         assert doc["handling_metadata"]["handled_by"] and doc["handling_metadata"]["action_taken"]
     for name, doc in rejected.items():
         assert doc["rejection"]["reason"] and doc["rejection"]["at"], name

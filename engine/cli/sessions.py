@@ -22,7 +22,7 @@ def cmd_start(args) -> int:
             with open(args.prompt_file, encoding="utf-8") as f:
                 objective = f.read()
         except OSError as e:
-            raise bad(f"{args.prompt_file}: cannot read the objective ({e.strerror})")
+            raise bad(f"{args.prompt_file}: cannot read the objective ({e.strerror})") from None
     if not objective or not objective.strip():
         raise bad("an objective is required: ralph session start \"OBJECTIVE\" or -p FILE")
     loop = config.event_loop
