@@ -14,6 +14,11 @@ class RunOver(BadInput):
     engine that is gone): refused, recorded as refused, never acted upon."""
 
 
+class StaleMetadata(BadInput):
+    """Another writer saved the session's metadata since this handle read it: nothing
+    written (the store's compare-and-set; under the run lease it never happens)."""
+
+
 class UnknownSession(BadInput):
     """No session of that id in the workspace."""
 

@@ -13,7 +13,7 @@ from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
                       temp_name, unlink_quietly, write_atomic)
 from ._work import WorkArea
 from ._codec import structure, unstructure
-from ._errors import BadInput, DiskFault, UnknownSession
+from ._errors import BadInput, DiskFault, StaleMetadata, UnknownSession
 from ._events import (OnceIndex, append_event, append_once, backwards, complete_size,
                       events_after, last_event, last_seq, read_events, tail_events)
 from ._iteration import METADATA_FILE, Iteration
@@ -78,7 +78,14 @@ class Session:
         return os.path.join(self.dir, METADATA_FILE)
 
     def save(self, now: datetime) -> None:
-        """Persist metadata: revision + 1, one atomic rewrite."""
+        """Persist metadata: revision + 1, one atomic rewrite, only over the revision this
+        handle read or wrote last (a compare-and-set: a database backend's `UPDATE ...
+        WHERE revision = $1`); another writer's save in between: StaleMetadata."""
+        on_disk = _revision_on_disk(self.metadata_path)
+        if on_disk is not None and on_disk != self.metadata.revision:
+            raise StaleMetadata(f"{self.metadata_path}: revision {on_disk} on disk, "
+                                f"{self.metadata.revision} expected: another writer saved "
+                                f"session {self.id}; nothing written")
         self.metadata.revision += 1
         self.metadata.updated_at = now
         write_atomic(self.metadata_path, dump_plain(unstructure(self.metadata)), "metadata")
@@ -271,6 +278,16 @@ class EventReader:
     def read_new(self) -> list[dict]:
         records, self.offset = read_events(self._dir, self.offset)
         return records
+
+
+def _revision_on_disk(path: str) -> int | None:
+    """The saved metadata's revision; None when there is none (being created) or it cannot
+    be read (the rewrite then replaces it whole, as before)."""
+    try:
+        revision = parse_yaml(read_nofollow(path), path).get("revision")
+    except (OSError, BadInput, AttributeError):
+        return None
+    return revision if isinstance(revision, int) else None
 
 
 def create(workspace: str, objective: str, *, now: datetime, session_id: str | None = None,

@@ -365,3 +365,20 @@ def test_a_channels_state_is_replaced_whole(store):
     files.write_state('{"read_seqs": {"s1": 4}}\n', "telegram-state")
     assert files.read_state() == b'{"read_seqs": {"s1": 4}}\n'
     assert not [n for n in os.listdir(files.dir) if n.endswith(".tmp")]
+
+
+# --- metadata: saved over the revision a handle read, never over another writer's ---
+
+def test_metadata_is_saved_only_over_the_revision_read(store):
+    first = store.new("s1")
+    second = store.reopen(first)
+    first.metadata.batch = 2
+    first.save(NOW)
+    second.metadata.batch = 3
+    with pytest.raises(session_store.StaleMetadata, match="another writer"):
+        second.save(NOW)
+    again = store.reopen(first)
+    assert again.metadata.batch == 2 and again.metadata.revision == first.metadata.revision
+    again.metadata.batch = 4
+    again.save(NOW)   # a handle that read the latest saves
+    assert store.reopen(first).metadata.batch == 4
