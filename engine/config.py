@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+from typing import Callable
 
 import attrs
 from attrs import define, field
@@ -189,38 +190,26 @@ def _overridden(agent: AgentConfig, override: AgentOverride | None) -> AgentConf
     return attrs.evolve(agent, **changes)
 
 
-def channel_errors(config: Config) -> list[str]:
-    """A human channel that cannot work (RObot.enabled without a token or a chat; the
-    environment's token counts): the Telegram settings' own check, so `validate`, `start`
-    and `resume` refuse the same configs."""
-    if not config.RObot.enabled:
-        return []
-    from .channels.telegram import check   # cheap: the bot itself is not loaded
-    try:
-        check(config)
-    except BadInput as e:
-        return [str(e)]
-    return []
-
-
 def parse(text: str | bytes, source: str, all_errors: bool = False,
-          channels: bool = True) -> Config:
+          channels: Callable[[Config], list[str]] | None = None) -> Config:
     """The config in `text` (read from `source`), checked in one pass: types, unknown keys,
-    ranges and, with `channels`, the human channels. BadInput lists every error, one a
-    line naming `source` (only the first unless `all_errors`)."""
+    ranges and, with `channels` (the CLI's check: config knows no channel), the human
+    channels. BadInput lists every error, one a line naming `source` (only the first
+    unless `all_errors`)."""
     from .config_ranges import range_errors   # it reads this module's classes
     data = parse_yaml(text, source)
     config, errors = structure_each(data, Config)
     errors += range_errors(config)
-    if channels and not any(e.startswith("$.RObot") for e in errors):
-        errors += channel_errors(config)
+    if channels is not None and not any(e.startswith("$.RObot") for e in errors):
+        errors += channels(config)
     if errors:
         lines = [f"{source}: {e}" for e in errors]
         raise BadInput("\n".join(lines if all_errors else lines[:1]))
     return config
 
 
-def load(path: str | None, all_errors: bool = False, channels: bool = True) -> Config:
+def load(path: str | None, all_errors: bool = False,
+         channels: Callable[[Config], list[str]] | None = None) -> Config:
     """The config at `path`; every default when `path` is None."""
     if path is None:
         return Config()
@@ -245,9 +234,9 @@ def without_secrets(config: Config) -> Config:
 def load_session_config(session) -> Config:
     """The config a session started with (its snapshot), plus secrets from their source."""
     text, path = session.config_snapshot()
-    config = parse(text, path, channels=False)
+    config = parse(text, path)
     if session.metadata.config_path and os.path.isfile(session.metadata.config_path):
-        token = load(session.metadata.config_path, channels=False).RObot.telegram.bot_token
+        token = load(session.metadata.config_path).RObot.telegram.bot_token
         config.RObot.telegram.bot_token = token
     return config
 
@@ -296,7 +285,7 @@ def _last_started(workspace: str) -> tuple[str, Config] | None:
         return None
     try:
         text, path = newest.config_snapshot()
-        return newest.id, parse(text, path, channels=False)
+        return newest.id, parse(text, path)
     except BadInput:
         return None
 
@@ -334,10 +323,3 @@ def changed_agents(config: Config, workspace: str) -> str | None:
             f": {config.agent_for(changed[0]).backend.value} "
             f"{' '.join(config.agent_for(changed[0]).command)}); agents can rewrite the "
             f"workspace's ralph.yml: check it")
-
-
-def check_channels(config: Config, source: str) -> None:
-    """For `resume`: the session's config still has working human channels."""
-    errors = channel_errors(config)
-    if errors:
-        raise BadInput(f"{source}: {errors[0]}")

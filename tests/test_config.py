@@ -86,8 +86,10 @@ def test_role_override_merges_over_agent():
 
 
 def test_telegram_without_chats_is_an_error():
+    from engine.cli.common import channel_errors
     with pytest.raises(BadInput, match=r"\$\.RObot\.telegram\.allowed_chat_ids"):
-        cfg.parse("RObot: {enabled: true, telegram: {bot_token: 'x'}}\n", "ralph.yml")
+        cfg.parse("RObot: {enabled: true, telegram: {bot_token: 'x'}}\n", "ralph.yml",
+                  channels=channel_errors)
 
 
 def test_session_snapshot_keeps_no_token(workspace):

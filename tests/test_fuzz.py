@@ -51,6 +51,7 @@ from engine.tools import emit
 from session_store import BadInput, append_event, check_id, control_root, create, load, \
     questions, read_events, resolve_id, signals
 from session_store._events import backwards
+from engine.cli.common import channel_errors
 from session_store._schema import dump_plain, parse_yaml
 from support.disk import session_dir
 from support.engines import config as engine_config
@@ -245,7 +246,7 @@ def _check_config(raw) -> cfg.Config | None:
     """parse returns a sane Config or a one-file, `$.path` BadInput; nothing else."""
     with time_limit(10, "config.parse"):
         try:
-            config = cfg.parse(raw, "ralph.yml")
+            config = cfg.parse(raw, "ralph.yml", channels=channel_errors)
         except BadInput as e:
             message = str(e)
             first = message.splitlines()[0]
@@ -315,7 +316,7 @@ def test_config_refuses_what_would_crash_a_session_later(text, where):
     ValueError; an alias bomb in an enum field hung `ralph validate` printing it."""
     with time_limit(10, "config.parse"):
         with pytest.raises(BadInput) as e:
-            cfg.parse(text, "ralph.yml")
+            cfg.parse(text, "ralph.yml", channels=channel_errors)
     assert where in str(e.value) and str(e.value).startswith("ralph.yml: ")
     assert len(str(e.value)) < 1000
 

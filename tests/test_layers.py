@@ -90,3 +90,34 @@ def test_nothing_above_the_store_reads_its_files_as_files(layer):
              for name in ([node.module] if node.module.startswith("session_store._") else [])
              + [a.name for a in node.names if a.name in BACKEND_ONLY]]
     assert not found, "\n".join(found)
+
+
+# the engine's inner layers: a human channel is wired in by the composition root (the
+# driver) and the CLI; the core, its config included, never imports one
+CHANNEL_WIRING = {"engine/driver.py"}
+
+
+def test_the_core_never_imports_a_channel():
+    found = [f"{path.relative_to(REPO)}:{line} imports {name}"
+             for path in modules("engine")
+             if not {"channels", "cli"} & set(path.relative_to(REPO).parts)
+             and str(path.relative_to(REPO)) not in CHANNEL_WIRING
+             for line, name in _imports_with_relative(path)
+             if "channels" in name.split(".")]
+    assert not found, "\n".join(found)
+
+
+def _imports_with_relative(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
+    return found
+
+
+def test_the_file_watcher_is_the_stores_own():
+    assert not (REPO / "engine/inotify.py").exists()
+    assert "def watch(" not in (REPO / "engine/mailbox.py").read_text()

@@ -22,6 +22,29 @@ def config_file(args) -> str | None:
     return shown_path(path) if os.path.isfile(path) else None
 
 
+def channel_errors(config) -> list[str]:
+    """A human channel that cannot work (RObot.enabled without a token or a chat; the
+    environment's token counts): the Telegram settings' own check, so `validate`, `start`
+    and `resume` refuse the same configs."""
+    if not config.RObot.enabled:
+        return []
+    from session_store import BadInput
+
+    from ..channels.telegram import check   # cheap: the bot itself is not loaded
+    try:
+        check(config)
+    except BadInput as e:
+        return [str(e)]
+    return []
+
+
+def check_channels(config, source: str) -> None:
+    """For `resume`: the session's config still has working human channels."""
+    errors = channel_errors(config)
+    if errors:
+        raise bad(f"{source}: {errors[0]}")
+
+
 def shown_path(path: str) -> str:
     """`path` as an operator reads it: relative when it is under the current directory."""
     relative = os.path.relpath(path)

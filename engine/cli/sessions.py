@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import EXIT_OK, bad, config_file, human_only, workspace
+from .common import (EXIT_OK, bad, channel_errors, check_channels, config_file, human_only,
+                     workspace)
 
 
 def cmd_start(args) -> int:
@@ -13,7 +14,7 @@ def cmd_start(args) -> int:
     from .. import config as cfg
     config_path = config_file(args)
     # every error, one a line, as `validate` (RObot.enabled needs a token and a chat)
-    config = cfg.load(config_path, all_errors=True)
+    config = cfg.load(config_path, all_errors=True, channels=channel_errors)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -165,7 +166,7 @@ def cmd_resume(args) -> int:
         # work (the transition's record, the summary) and exit as the session ended
         return _run(session, cfg.load_session_config(session), resume=True)
     config = cfg.load_session_config(session)
-    cfg.check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
+    check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     cfg.check_paths(config, ws, session.metadata.config_path)
     _preflight(config)
     _apply_limit_flags(session.metadata.limits, args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import (EXIT_OK, bad, config_file, human_only, open_session, shown_path,
-                     workspace)
+from .common import (EXIT_OK, bad, channel_errors, config_file, human_only, open_session,
+                     shown_path, workspace)
 
 
 def cmd_signal(args) -> int:
@@ -47,7 +47,7 @@ def cmd_bot_run(args) -> int:
     from ..channels import telegram
     ws = workspace(args)
     source = config_file(args)
-    config = cfg.load(source)
+    config = cfg.load(source, channels=channel_errors)
     cfg.check_telegram_as_started(config, ws, source)
     found = telegram.settings(config, require_enabled=False)
     return telegram.run_foreground(ws, found)
@@ -78,6 +78,6 @@ def cmd_validate(args) -> int:
     path = args.config or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if not os.path.exists(path):
         raise bad(f"{path}: no such config file")
-    cfg.load(path, all_errors=True)
+    cfg.load(path, all_errors=True, channels=channel_errors)
     print(f"{path}: valid")
     return EXIT_OK
