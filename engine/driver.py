@@ -215,8 +215,7 @@ class Engine:
             if decision.trigger is Trigger.PAUSE and self.current is State.PAUSED:
                 # the hold before a resume ended in a pause (a human's answer asked for it):
                 # the resume does not happen; the session stays paused, for the new reason
-                o = self.metadata.orchestrator
-                o.pause_reason, o.pause_kind = decision.reason, decision.kind
+                self.tracker.set_paused(decision.reason, decision.kind)
                 self.tracker.save()
                 self.say(f"stays {self.current}: {decision.reason}")
                 return

@@ -56,10 +56,7 @@ class KnowledgeKeeper:
 
     def _decide(self, decision: str, by: str | None = None) -> None:
         """The commit point; `by` names the APPROVE/SKIP signal that decided, if one did."""
-        _it, meta = self.tracker.iteration()
-        meta.knowledge_decision = decision
-        meta.knowledge_decided_by = by
-        self.tracker.save_iteration(meta)
+        self.tracker.record_knowledge_decision(decision, by)
 
     @staticmethod
     def _action(meta) -> str:

@@ -363,8 +363,7 @@ class AgentRunner:
                 preset_for(agent).price_per_mtok
             spent += (report.input_tokens * prices[0] + report.output_tokens * prices[1]) / 1e6
         if spent or report.input_tokens or report.output_tokens:
-            self.tracker.metadata.usage.add(role, report.input_tokens, report.output_tokens,
-                                            spent)
+            self.tracker.add_usage(role, report.input_tokens, report.output_tokens, spent)
 
 
 def limit_reached(tracker: Tracker) -> Next | None:

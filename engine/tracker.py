@@ -92,10 +92,20 @@ class Tracker:
         self.metadata.status = status
         self.metadata.completed_at = self.clock.now()
 
+    def set_pending_question(self, qid: str | None) -> None:
+        """The question the hold waits for (None: answered or timed out): saved at once,
+        so a resume holds for it too."""
+        self.metadata.pending_question = qid
+        self.save()
+
     def set_limit_wait(self, wait: LimitWait | None) -> None:
         """A usage limit waited out (None: over); saved at once, so a resume waits too."""
         self.metadata.limit_wait = wait
         self.save()
+
+    def add_usage(self, role: str, input_tokens: int, output_tokens: int, usd: float) -> None:
+        """What a run spent; saved with the next commit point."""
+        self.metadata.usage.add(role, input_tokens, output_tokens, usd)
 
     def count_invocation(self) -> int:
         """A new agent run: its number (it names the run's logs)."""
@@ -141,10 +151,6 @@ class Tracker:
             return self._previous
         it = self.session.iteration(number)
         return (it, it.load()) if it.exists() else None
-
-    def save_iteration(self, meta: IterationMetadata) -> None:
-        it, _ = self.iteration()
-        it.save(meta)
 
     def tasks(self) -> list[progress.TaskLine]:
         self.iteration()
@@ -196,6 +202,13 @@ class Tracker:
         meta.librarian_done = True
         if meta.knowledge_staged:   # otherwise finish_iteration writes it: one write
             it.save(meta)
+
+    def record_knowledge_decision(self, decision: str, by: str | None) -> None:
+        """promoted | skipped | carried, and the APPROVE/SKIP signal that decided (if one
+        did): the commit point of KNOWLEDGE_APPROVAL, in one write."""
+        it, meta = self.iteration()
+        meta.knowledge_decision, meta.knowledge_decided_by = decision, by
+        it.save(meta)
 
     def set_knowledge_deadline(self, deadline) -> None:
         it, meta = self.iteration()

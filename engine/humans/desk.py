@@ -59,8 +59,7 @@ class HumanDesk:
             default=default, kind=kind, fallback_type=fallback_type,
             context=questions.QuestionContext(session=self.session.id, state=self._state().value,
                                               iteration=m.iteration, role=role, task=task_id)))
-        m.pending_question = question.id
-        self.tracker.save()
+        self.tracker.set_pending_question(question.id)
         self._record_question(question)
         self.announce_question(question)
         return question
@@ -162,8 +161,7 @@ class HumanDesk:
         # resolved, then a crash before its record: the record is written now, once
         self.session.once(record_key("human.response", question.id), "human.response",
                           response)
-        self.tracker.metadata.pending_question = None
-        self.tracker.save()
+        self.tracker.set_pending_question(None)
         text = answer.text if answer else None
         for observer in self.on_answer:
             decision = observer(question, text)
@@ -194,8 +192,7 @@ class HumanDesk:
         self.mailbox.queue_event(f"human.timeout-{question.id}", "human.timeout",
                                  {"id": question.id, "question": question.text,
                                   "policy": policy, "default": question.default})
-        self.tracker.metadata.pending_question = None
-        self.tracker.save()
+        self.tracker.set_pending_question(None)
         if policy == "abort":
             return Next(Trigger.ABORT, f"question {question.id} unanswered by its deadline")
         return None
@@ -329,8 +326,7 @@ class HumanDesk:
                                   source=question.context.role or "engine")
                 continue
             if m.pending_question is None:
-                m.pending_question = question.id
-                self.tracker.save()
+                self.tracker.set_pending_question(question.id)
         # the question file is the commit point of asking, its bus record comes after: a
         # crash in between left the question without its record (which `tail`, the status
         # view and the bus's readers go by), so it is written now, once
