@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import yaml
 
 from _web import SID, ask, client, now, peak_rss, store_session
 from support import (EVIDENCE, FAST, base_env, metadata, ralph, session_dir, signal_files,
@@ -346,10 +347,10 @@ def test_signals_from_the_page_are_checked_like_the_cli(workspace, web):
             r = c.post(f"/api/sessions/{SID}/resume", json=bad)
             assert r.status_code == 400, (bad, r.text)
     inputs = Path(session.dir) / "signals/inputs"
-    texts = sorted(p.read_text() for p in inputs.iterdir())
-    assert len(texts) == 2
-    assert any("STEER" in t and "Executor" in t and "priority: true" in t for t in texts)
-    assert any("APPROVE" in t and "iteration: 1" in t for t in texts)
+    approve, steer = sorted((yaml.safe_load(p.read_text()) for p in inputs.iterdir()),
+                            key=lambda doc: doc["type"])
+    assert steer["type"] == "STEER" and steer["target"] == "Executor" and steer["priority"]
+    assert approve["type"] == "APPROVE" and approve["iteration"] == 1
 
 
 def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
