@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from ._session import Session
 
 
-class SessionQuestions:
-    """The session's human questions and their one answer each (see _questions)."""
+class _OfSession:
+    """Verbs bound to one session (its address read at each call)."""
 
     def __init__(self, session: "Session"):
         self._session = session
@@ -25,6 +25,10 @@ class SessionQuestions:
     @property
     def _at(self) -> str:
         return self._session.dir
+
+
+class SessionQuestions(_OfSession):
+    """The session's human questions and their one answer each (see _questions)."""
 
     def ask(self, question: Question) -> Question:
         return _questions.ask(self._at, question)
@@ -67,15 +71,8 @@ class SessionQuestions:
         return _questions.mark_undeliverable(self._at, qid, now, channel=channel)
 
 
-class SessionSignals:
+class SessionSignals(_OfSession):
     """The session's signals mailbox and its guidance queue (see _signals)."""
-
-    def __init__(self, session: "Session"):
-        self._session = session
-
-    @property
-    def _at(self) -> str:
-        return self._session.dir
 
     def drop(self, kind: str, message: str, *, now: datetime, target: str = "ALL",
              iteration: int | None = None, priority: bool = False) -> str:
