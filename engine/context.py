@@ -124,11 +124,10 @@ class Work:
         return self._config.role_enabled(role)
 
     def human_answers(self, role: str) -> list[tuple[str, str]]:
-        from session_store import questions
-        d, n = self._session.dir, self._tracker.metadata.iteration
-        return [(q.text, a.text) for q in questions.questions(d)
+        asked, n = self._session.questions, self._tracker.metadata.iteration
+        return [(q.text, a.text) for q in asked.all()
                 if q.context.role == role and q.context.iteration == n
-                and (a := questions.read_answer(d, q.id)) is not None]
+                and (a := asked.read_answer(q.id)) is not None]
 
     def run_role(self, role: str, task: PlannedTask | None = None):
         return self._runner.run(role, task)

@@ -12,7 +12,7 @@ import re
 import shutil
 from collections import Counter
 
-from session_store import BadInput, State, load, running_pid
+from session_store import BadInput, State, load
 
 from .machine import rows_for_transitions
 from .safe_text import printable
@@ -81,7 +81,7 @@ def session_path(workspace: str, session_id: str) -> tuple[State, SessionPath]:
     o = m.orchestrator
     words = standing({"status": m.status.value, "state": o.state.value,
                       "previous_state": o.previous_state.value if o.previous_state else None,
-                      "running": running_pid(session.dir) is not None})
+                      "running": session.running_pid() is not None})
     reason = o.pause_reason if o.state is State.PAUSED else None
     return o.state, SessionPath(session.id, words, reason, steps)
 

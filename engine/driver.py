@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from session_store import DiskFault, PauseKind, Session, State, Status, acquire_lock
+from session_store import DiskFault, PauseKind, Session, State, Status
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -127,7 +127,7 @@ class Engine:
         """Hold the session (a second engine is refused) and run it to COMPLETE or PAUSED;
         `message` (resume --message) reaches the next run; `now` (resume --now) ends the
         wait for an agent's usage limit: the step is retried at once."""
-        lease = acquire_lock(self.session.dir, self.session.id)
+        lease = self.session.acquire_lease()
         self.lock.acquire()
         try:
             if self.commits and self.metadata.status in (Status.ACTIVE, Status.PAUSED):

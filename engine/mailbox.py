@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from typing import Callable, NamedTuple
 
-from session_store import PauseKind, Session, State, signals
+from session_store import PauseKind, Session, SessionSignals, State, signals
 from states import Next, Trigger
 
 HANDLED_BY = "Ralph-Orchestrator"
@@ -43,29 +43,29 @@ class Mailbox:
         self._decide_knowledge = decide_knowledge   # APPROVE/SKIP -> the action taken
 
     @property
-    def _dir(self) -> str:
-        return self.session.dir
+    def _box(self) -> SessionSignals:
+        return self.session.signals
 
     def poll(self, mode: Mode) -> Next | Rerun | None:
-        d, now = self._dir, self.clock.now
+        box, now = self._box, self.clock.now
         iteration = self.session.metadata.iteration
         guidance = []  # STEER/INFO taken in this poll, queued together before anything else
-        for name in signals.waiting(d):
-            signal, reason, raw = signals.read(d, name)
+        for name in box.waiting():
+            signal, reason, raw = box.read(name)
             if signal is None:
                 if reason:
-                    signals.reject(d, name, reason, raw, now=now())
+                    box.reject(name, reason, raw, now=now())
                 continue
             if signal.type in ("APPROVE", "SKIP"):
                 if mode is not Mode.KNOWLEDGE or self._state() is not State.KNOWLEDGE_APPROVAL:
                     continue  # state-specific: they wait in inputs/
                 if signal.iteration is not None and signal.iteration != iteration:
-                    signals.reject(d, name, f"stale: for iteration {signal.iteration}, the "
-                                   f"session is in iteration {iteration}", raw, now=now())
+                    box.reject(name, f"stale: for iteration {signal.iteration}, the "
+                               f"session is in iteration {iteration}", raw, now=now())
                     continue
             elif signal.type in ("STEER", "INFO") and mode is Mode.AGENT and not signal.priority:
                 continue  # the agent may take these itself; the engine does at the next boundary
-            if not signals.take(d, name):
+            if not box.take(name):
                 continue  # another consumer won the rename
             if signal.type in ("STEER", "INFO") and not (signal.priority and mode is Mode.AGENT):
                 guidance.append(signal)
@@ -109,24 +109,24 @@ class Mailbox:
             return None
         else:
             action = self._decide_knowledge(signal)
-        signals.mark_handled(self._dir, signal, handled_by=HANDLED_BY, action=action,
-                             now=self.clock.now())
+        self._box.mark_handled(signal, handled_by=HANDLED_BY, action=action,
+                               now=self.clock.now())
         return None
 
     def mark_applied(self, signal, trigger: Trigger) -> None:
-        signals.mark_handled(self._dir, signal, handled_by=HANDLED_BY,
-                             action="paused the session" if trigger is Trigger.PAUSE
-                             else "aborted the session", now=self.clock.now())
+        self._box.mark_handled(signal, handled_by=HANDLED_BY,
+                               action="paused the session" if trigger is Trigger.PAUSE
+                               else "aborted the session", now=self.clock.now())
 
     def recover(self) -> Next | None:
         """Finish what a crash interrupted: rejections, and signals taken but not marked."""
         # not the store's `once`: a signal's record is its own file moving inputs/ ->
         # processed/ (DESIGN §6, which channels read), idempotent by name at each rename
-        d = self._dir
-        signals.finish_rejections(d, self.clock.now())
+        box = self._box
+        box.finish_rejections(self.clock.now())
         pending = None
-        for name in signals.taken_unmarked(d):
-            signal = signals.read_taken(d, name)
+        for name in box.taken_unmarked():
+            signal = box.read_taken(name)
             if signal is None:
                 continue
             if signal.type in ("PAUSE", "ABORT") and \
@@ -143,18 +143,18 @@ class Mailbox:
         """An agent's step-boundary poll (its run's role; what it claims is not asked):
         the STEER/INFO waiting for that role or for all are taken and marked handled by
         it, oldest first; the PAUSE/ABORT the engine will act on are listed."""
-        d, taken, stops = self._dir, [], []
-        for name in signals.waiting(d):
-            signal, _reason, _raw = signals.read(d, name)
+        box, taken, stops = self._box, [], []
+        for name in box.waiting():
+            signal, _reason, _raw = box.read(name)
             if signal is None:
                 continue   # the engine's next poll rejects it
             if signal.type in ("PAUSE", "ABORT"):
                 stops.append({"type": signal.type, "message": signal.message, "file": name})
             elif signal.type in ("STEER", "INFO") and signal.role in (None, role) \
-                    and signal.target != "Orchestrator" and signals.take(d, name):
-                signals.mark_handled(d, signal, handled_by=f"Ralph-{role.capitalize()}",
-                                     action=f"taken by the {role} at a step boundary",
-                                     now=self.clock.now())
+                    and signal.target != "Orchestrator" and box.take(name):
+                box.mark_handled(signal, handled_by=f"Ralph-{role.capitalize()}",
+                                 action=f"taken by the {role} at a step boundary",
+                                 now=self.clock.now())
                 taken.append({"type": signal.type, "message": signal.message, "file": name})
         return {"signals": taken, "engine_will_act_on": stops}
 
@@ -166,32 +166,31 @@ class Mailbox:
         writes are idempotent by the signal's name, so a crash anywhere repeats nothing."""
         if not taken:
             return
-        d, now = self._dir, self.clock.now()
+        box, now = self._box, self.clock.now()
 
         def who(signal):
             return signal.role.capitalize() if signal.role else "the next invocation of any role"
-        signals.queue_guidance(d, *({"id": s.name, "type": s.type, "target": s.role or "all",
-                                     "message": s.message, "at": now.isoformat()} for s in taken))
+        box.queue_guidance(*({"id": s.name, "type": s.type, "target": s.role or "all",
+                              "message": s.message, "at": now.isoformat()} for s in taken))
         self.session.append_scratchpad(*(
             (f"- {now.isoformat(timespec='seconds')} {s.type} for {who(s)}: {s.message} "
              f"({s.name})", s.name) for s in taken))
         for s in taken:
-            signals.mark_handled(d, s, handled_by=HANDLED_BY, now=now,
-                                 action=action or f"queued for {who(s)}")
+            box.mark_handled(s, handled_by=HANDLED_BY, now=now,
+                             action=action or f"queued for {who(s)}")
 
     def queue_event(self, item_id: str, topic: str, payload: dict, *, role: str | None = None,
                     task: str | None = None) -> None:
         """An engine event (a human's response, a timeout) for the next prompt: of any
         role, or of `role` (on `task`) only."""
-        signals.queue_guidance(self._dir, {"id": item_id, "type": "EVENT", "topic": topic,
-                                           "target": role or "all", "task": task,
-                                           "message": payload,
-                                           "at": self.clock.now().isoformat()})
+        self._box.queue_guidance({"id": item_id, "type": "EVENT", "topic": topic,
+                                  "target": role or "all", "task": task, "message": payload,
+                                  "at": self.clock.now().isoformat()})
 
     def queue_note(self, item_id: str, text: str) -> None:
         """A note for the next prompt of any role, under ROBOT GUIDANCE."""
-        signals.queue_guidance(self._dir, {"id": item_id, "type": "INFO", "target": "all",
-                                           "message": text, "at": self.clock.now().isoformat()})
+        self._box.queue_guidance({"id": item_id, "type": "INFO", "target": "all",
+                                  "message": text, "at": self.clock.now().isoformat()})
 
     def guidance_for(self, role: str, task: str | None, unit: str) -> list[dict]:
         """Queued STEER/INFO (and human responses) for this role or for all, not delivered
@@ -200,15 +199,15 @@ class Mailbox:
         next transition (forget_delivered)."""
         # not the store's `once`: `delivered_to` routes an item to a re-run of the same unit
         # (it is delivered again, on purpose), and the effect is the prompt an agent reads
-        return [g for g in signals.guidance(self._dir) if g["target"] in ("all", role)
+        return [g for g in self._box.guidance() if g["target"] in ("all", role)
                 and g.get("task") in (None, task) and g.get("delivered_to") in (None, unit)]
 
     def delivered(self, ids: list[str], unit: str) -> None:
-        signals.delivered(self._dir, ids, to=unit)
+        self._box.delivered(ids, to=unit)
 
     def forget_delivered(self) -> None:
-        signals.forget_delivered(self._dir)
+        self._box.forget_delivered()
 
     def add_message(self, text: str) -> None:
         """`resume --message`: an INFO signal for the next run."""
-        signals.drop(self._dir, "INFO", text, now=self.clock.now())
+        self._box.drop("INFO", text, now=self.clock.now())

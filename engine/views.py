@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timezone
 
 from session_store import (BadInput, PauseKind, State, Status, list_ids, load, progress,
-                           running_pid, unstructure)
+                           unstructure)
 
 from .safe_text import author, clock, excerpt, field, printable
 
@@ -22,11 +22,10 @@ def _resume_command(meta, running: bool) -> str | None:
 
 
 def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict:
-    from session_store import questions, signals   # not for `list`: their classes cost it
     session = load(workspace, session_id)
     m = session.metadata
     it = session.iteration()
-    pid = running_pid(session.dir)
+    pid = session.running_pid()
     status, reason = _standing_on_disk(session, pid)
     return {
         "session_id": m.session_id,
@@ -46,9 +45,9 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "tasks": unstructure(_live_counts(it, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note} for t in it.progress()],
-        "pending_questions": [_question_view(q, m.session_id) for q in questions.pending(session.dir)],
+        "pending_questions": [_question_view(q, m.session_id) for q in session.questions.pending()],
         # what the engine will take: a writer's hidden temp file is no signal
-        "waiting_signals": signals.waiting(session.dir),
+        "waiting_signals": session.signals.waiting(),
         "assessment": _assessment_view(m.fallback),
         "usage": unstructure(m.usage),
         "limits": {"max_iterations": m.limits.max_iterations,
@@ -147,7 +146,7 @@ def _question_view(q, session_id: str) -> dict:
 def answer_outcome(session, question) -> str:
     """What becomes of an answer, said to whoever gives it (the CLI, the web page)."""
     from session_store import questions
-    running = running_pid(session.dir) is not None
+    running = session.running_pid() is not None
     resume = f"when the session is resumed (ralph session resume {session.id})"
     if question.status is questions.QuestionStatus.TIMED_OUT:
         return "the question had timed out: the answer reaches the next prompt as guidance"
@@ -262,7 +261,7 @@ def list_views(workspace: str) -> list[dict]:
             continue
         m = session.metadata
         previous = m.orchestrator.previous_state
-        pid = running_pid(session.dir)
+        pid = session.running_pid()
         status, reason = _standing_on_disk(session, pid)
         views.append({
             "session_id": sid, "state": m.orchestrator.state.value, "status": status,

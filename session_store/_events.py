@@ -364,3 +364,15 @@ def _record(line: bytes) -> dict | None:
     if b"\\ud" in line or b"\\uD" in line:
         record = _without_lone_surrogates(record)
     return record
+
+
+class EventReader:
+    """Reads the bus incrementally: each call returns the records appended since the last."""
+
+    def __init__(self, session_dir: str, offset: int | None = 0):
+        self._dir = session_dir
+        self.offset = offset if offset is not None else complete_size(session_dir)
+
+    def read_new(self) -> list[dict]:
+        records, self.offset = read_events(self._dir, self.offset)
+        return records

@@ -14,8 +14,8 @@ from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
 from ._work import WorkArea
 from ._codec import structure, unstructure
 from ._errors import BadInput, DiskFault, StaleMetadata, UnknownSession
-from ._events import (OnceIndex, append_event, append_once, backwards, complete_size,
-                      events_after, last_event, last_seq, read_events, tail_events)
+from ._events import (EventReader, OnceIndex, append_event, append_once, backwards,
+                      events_after, last_event, last_seq, tail_events)
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import GitInfo, Limits, SessionMetadata
 from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
@@ -23,6 +23,8 @@ from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
 if TYPE_CHECKING:
+    from ._handles import SessionQuestions, SessionSignals
+    from ._lock import Lease
     from ._watch import Watching
 
 CONFIG_SNAPSHOT = "config.yaml"
@@ -53,9 +55,9 @@ def sessions_root(workspace: str) -> str:
 
 
 class Session:
-    """One session, behind verbs. `dir` is its control plane, the address the module-level
-    verbs of signals and questions take; `work_dir` is its work area, which agents get
-    (RALPH_SESSION_DIR) and may write."""
+    """One session, behind verbs. `dir` is its control plane, the file backend's address of
+    it (nothing above the store passes it back: `questions`, `signals` and the lease are
+    verbs here); `work_dir` is its work area, which agents get (RALPH_SESSION_DIR)."""
 
     def __init__(self, workspace: str, session_id: str, metadata: SessionMetadata):
         self.workspace = os.path.abspath(workspace)
@@ -94,6 +96,28 @@ class Session:
         return Iteration(self.dir, self.metadata.iteration if number is None else number,
                          self.work)
 
+    # --- its questions and signals, its run's lease ---
+
+    @property
+    def questions(self) -> "SessionQuestions":
+        from ._handles import SessionQuestions
+        return SessionQuestions(self)
+
+    @property
+    def signals(self) -> "SessionSignals":
+        from ._handles import SessionSignals
+        return SessionSignals(self)
+
+    def running_pid(self) -> int | None:
+        """The pid of the engine running the session, or None when none does."""
+        from ._lock import running_pid
+        return running_pid(self.dir)
+
+    def acquire_lease(self, wait_seconds: float = 0.2) -> "Lease":
+        """One engine per session: held for the engine's lifetime, else SessionLocked."""
+        from ._lock import acquire
+        return acquire(self.dir, self.id, wait_seconds)
+
     # --- the bus ---
 
     def append_event(self, topic: str, payload=None, *, source: str = "engine", ts=None,
@@ -102,7 +126,7 @@ class Session:
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
                             state=m.orchestrator.state.value, ts=ts, run=run, via=via)
 
-    def reader(self) -> "EventReader":
+    def reader(self) -> EventReader:
         """An incremental reader of what is appended from now on."""
         return EventReader(self.dir, None)
 
@@ -220,7 +244,6 @@ class Session:
             f"- completed: {m.completed_at.isoformat() if m.completed_at else '-'}\n"),
             "summary")
 
-
     # --- a disk that refuses writes ---
 
     def keep_reserve(self) -> None:
@@ -266,18 +289,6 @@ class Session:
             with disk(path):
                 os.unlink(path)
                 fsync_dir(self.dir)
-
-
-class EventReader:
-    """Reads the bus incrementally: each call returns the records appended since the last."""
-
-    def __init__(self, session_dir: str, offset: int | None = 0):
-        self._dir = session_dir
-        self.offset = offset if offset is not None else complete_size(session_dir)
-
-    def read_new(self) -> list[dict]:
-        records, self.offset = read_events(self._dir, self.offset)
-        return records
 
 
 def _revision_on_disk(path: str) -> int | None:

@@ -121,3 +121,51 @@ def _imports_with_relative(path: Path) -> list[tuple[int, str]]:
 def test_the_file_watcher_is_the_stores_own():
     assert not (REPO / "engine/inotify.py").exists()
     assert "def watch(" not in (REPO / "engine/mailbox.py").read_text()
+
+
+# a session's questions, signals and run lease are verbs of its handle (`session.questions`,
+# `session.signals`, `session.running_pid()`, `session.acquire_lease()`): nothing above the
+# store hands it a session's path back, so a database backend can implement the handle
+DIR_VERBS = re.compile(
+    r"(?<![.\w])(questions|signals)\.(ask|save_question|load_question|ids|questions|pending"
+    r"|answer|read_answer|has_answer|resolve|mark_asker_gone|mark_undeliverable|drop|waiting"
+    r"|read|take|mark_handled|reject|taken_unmarked|finish_rejections|read_taken|guidance"
+    r"|queue_guidance|delivered|forget_delivered)\("
+    r"|\b(questions|signals)\.[a-z_]+\((self\.)?(_dir|session\.dir|d|sdir)\b"
+    r"|running_pid\(\s*[^)\s]|\bacquire_lock\b")
+# (module, the text that may stay): why it has a path and no session
+PATH_TO_THE_STORE = {
+    ("engine/tools/emit.py", "signals.waiting(control)"):
+        "an agent's step-boundary poll on the cold path: $RALPH_CONTROL_DIR, no session loaded",
+}
+# where engine code keeps the control plane's path itself, never handing it to the store
+SESSION_DIR_KEPT = {
+    "engine/runner.py": "RALPH_CONTROL_DIR, given to an agent run for its read-only poll",
+    "engine/cli/sessions.py": "`session start` tells the human where the control files are",
+    "engine/views.py": "the session view shows its control_dir",
+    "engine/humans/fallback.py": "the work state's name in the event: relative to the session",
+}
+
+
+@pytest.mark.parametrize("layer", ("states", "engine"))
+def test_no_session_path_goes_to_the_store(layer):
+    found = [f"{rel}:{n}: {text.strip()}"
+             for path in modules(layer) if (rel := str(path.relative_to(REPO)))
+             for n, text in enumerate(path.read_text().splitlines(), 1)
+             if DIR_VERBS.search(text)
+             and not any(rel == where and allowed in text
+                         for where, allowed in PATH_TO_THE_STORE)]
+    assert not found, "\n".join(found)
+    kept = [f"{rel}:{n}: {text.strip()}"
+            for path in modules(layer) if (rel := str(path.relative_to(REPO)))
+            for n, text in enumerate(path.read_text().splitlines(), 1)
+            if re.search(r"\bsession\.dir\b|\bself\._dir\b", text)
+            and rel not in SESSION_DIR_KEPT]
+    assert not kept, "\n".join(kept)
+
+
+def test_the_allow_lists_are_current():
+    for (where, allowed), _why in PATH_TO_THE_STORE.items():
+        assert allowed in (REPO / where).read_text(), where
+    for where in SESSION_DIR_KEPT:
+        assert re.search(r"\bsession\.dir\b", (REPO / where).read_text()), where

@@ -382,3 +382,65 @@ def test_metadata_is_saved_only_over_the_revision_read(store):
     again.metadata.batch = 4
     again.save(NOW)   # a handle that read the latest saves
     assert store.reopen(first).metadata.batch == 4
+
+
+# --- questions, signals and the run's lease: verbs of the handle, no path above it ---
+
+def test_a_question_is_asked_answered_once_and_resolved_through_the_handle(store):
+    from session_store import AlreadyAnswered, questions
+    Question, QuestionStatus = questions.Question, questions.QuestionStatus
+    session = store.new("s1")
+    asked = session.questions
+    for qid in ("q1", "q2"):
+        asked.ask(Question(id=qid, text="which?", asked_at=NOW, deadline=NOW,
+                           on_timeout="continue", options=["red", "blue"],
+                           context=questions.QuestionContext("s1", "executing_batch", 1)))
+    other = store.reopen(session).questions   # the channel's handle, or the next engine's
+    assert other.mark_undeliverable("q2", NOW, channel="telegram")
+    assert asked.load("q2").delivery_failed
+    assert other.ids() == ["q1", "q2"] and [q.id for q in other.pending()] == ["q1", "q2"]
+    assert not other.has_answer("q1") and other.read_answer("q1") is None
+    assert other.answer("q1", "bl", now=NOW, channel="web").text == "blue"
+    with pytest.raises(AlreadyAnswered):
+        other.answer("q1", "red", now=NOW)
+    assert asked.has_answer("q1") and asked.read_answer("q1").channel == "web"
+    assert [q.id for q in asked.pending()] == ["q2"]
+    question = asked.load("q1")
+    asked.resolve(question, QuestionStatus.ANSWERED, NOW)
+    asked.mark_asker_gone(question)
+    question.late_answer_delivered = True
+    asked.save(question)
+    assert other.load("q1").late_answer_delivered
+    assert [(q.status, q.asker_gone) for q in other.all()][0] == (QuestionStatus.ANSWERED, True)
+
+
+def test_a_signal_is_dropped_taken_once_and_its_guidance_delivered(store):
+    session = store.new("s1")
+    box, other = session.signals, store.reopen(session).signals
+    name = other.drop("STEER", "use sqlite", now=NOW, target="Executor", priority=True)
+    assert box.waiting() == [name]
+    signal, reason, _raw = box.read(name)
+    assert reason is None and signal.priority and signal.role == "executor"
+    assert box.take(name) and not other.take(name)   # one consumer wins it
+    assert box.taken_unmarked() == [name] and box.read_taken(name).message == "use sqlite"
+    box.queue_guidance({"id": name, "type": "STEER", "target": "executor",
+                        "message": "use sqlite", "at": NOW.isoformat()})
+    box.mark_handled(signal, handled_by="Ralph-Orchestrator", action="queued", now=NOW)
+    assert box.taken_unmarked() == [] and box.waiting() == []
+    other.delivered([name], to="1/executor/t1")
+    assert box.guidance()[0]["delivered_to"] == "1/executor/t1"
+    box.forget_delivered()
+    assert other.guidance() == []
+
+
+def test_one_engine_holds_a_sessions_lease(store):
+    session = store.new("s1")
+    assert session.running_pid() is None
+    lease = session.acquire_lease()
+    try:
+        assert store.reopen(session).running_pid() == os.getpid()
+        with pytest.raises(session_store.SessionLocked):
+            store.reopen(session).acquire_lease(wait_seconds=0)
+    finally:
+        lease.release()
+    assert session.running_pid() is None

@@ -116,10 +116,9 @@ def cmd_diff(args) -> int:
 
 
 def cmd_clean(args) -> int:
-    from session_store import running_pid
     human_only("session clean")
     session, repo, info = _session_branch(args)
-    if running_pid(session.dir) is not None:
+    if session.running_pid() is not None:
         raise bad(f"session {session.id} is running: stop it (ralph signal pause) before "
                   f"removing its branch")
     from session_store import worktree_root
@@ -243,7 +242,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_answer(args) -> int:
-    from session_store import BadInput, check_id, load, questions, resolve_id
+    from session_store import BadInput, check_id, load, resolve_id
 
     from ..clock import SystemClock
     human_only("session answer")
@@ -251,24 +250,24 @@ def cmd_answer(args) -> int:
     session = load(ws, resolve_id(ws, args.session_id))
     qid = args.question
     if qid is None:
-        waiting = questions.pending(session.dir)
+        waiting = session.questions.pending()
         if len(waiting) > 1:
             raise BadInput(f"session {session.id} has several pending questions "
                            f"({', '.join(q.id for q in waiting)}); name one with --question")
         if not waiting:
-            asked = questions.questions(session.dir)
-            if asked and questions.has_answer(session.dir, asked[-1].id):
+            asked = session.questions.all()
+            if asked and session.questions.has_answer(asked[-1].id):
                 raise BadInput(f"question {asked[-1].id} of session {session.id} is already "
                                f"answered; no question is pending")
             raise BadInput(f"session {session.id} has no pending question")
         qid = waiting[0].id
     check_id(qid, "question id")
-    given = questions.answer(session.dir, qid, args.text, now=SystemClock().now(),
-                             channel="cli")
+    given = session.questions.answer(qid, args.text, now=SystemClock().now(),
+                                     channel="cli")
     chose = f" with option {given.text!r}" if given.text != args.text else ""
     from ..views import answer_outcome
     print(f"answered {qid}{chose}: "
-          f"{answer_outcome(session, questions.load_question(session.dir, qid))}")
+          f"{answer_outcome(session, session.questions.load(qid))}")
     return EXIT_OK
 
 

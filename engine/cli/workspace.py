@@ -9,15 +9,15 @@ from .common import (EXIT_OK, bad, channel_errors, config_file, human_only, open
 
 
 def cmd_signal(args) -> int:
-    from session_store import signals
 
     from ..clock import SystemClock
     human_only("signal")
     if args.priority and args.type != "steer":
         raise bad("--priority is for steer signals only")
     session = open_session(args)
-    name = signals.drop(session.dir, args.type.upper(), args.message, now=SystemClock().now(),
-                        target=args.target, iteration=args.iteration, priority=args.priority)
+    name = session.signals.drop(args.type.upper(), args.message, now=SystemClock().now(),
+                                target=args.target, iteration=args.iteration,
+                                priority=args.priority)
     print(name)
     return EXIT_OK
 

@@ -41,10 +41,6 @@ class HumanDesk:
         self._announced: set[str] = set()
         self._feed = session.reader()   # the bus, for what agents tell humans
 
-    @property
-    def _dir(self) -> str:
-        return self.session.dir
-
     def ask(self, text: str, *, options=(), default: str | None = None, kind: str = "loop",
             role: str | None = None, task_id: str | None = None,
             fallback_type: str | None = None, on_timeout: str | None = None) -> questions.Question:
@@ -52,7 +48,7 @@ class HumanDesk:
         session records it as pending; the hold that follows waits for it."""
         now = self.clock.now()
         m = self.tracker.metadata
-        question = questions.ask(self._dir, questions.Question(
+        question = self.session.questions.ask(questions.Question(
             id=questions.new_question_id(now), text=text, asked_at=now,
             deadline=now + timedelta(seconds=self.robot.timeout_seconds),
             on_timeout=on_timeout or self.robot.on_timeout.value, options=list(options),
@@ -116,7 +112,7 @@ class HumanDesk:
             elif record["topic"] == "human.question" and isinstance(payload, dict) \
                     and payload.get("in_run") and isinstance(payload.get("id"), str):
                 try:
-                    self.announce_question(questions.load_question(self._dir, payload["id"]))
+                    self.announce_question(self.session.questions.load(payload["id"]))
                 except BadInput:
                     continue
 
@@ -134,10 +130,10 @@ class HumanDesk:
         qid = self.tracker.metadata.pending_question
         if not qid:
             return None
-        question = questions.load_question(self._dir, qid)
+        question = self.session.questions.load(qid)
         self.announce_question(question)   # resumed into it: say what it waits for
         while True:
-            answer = questions.read_answer(self._dir, qid)
+            answer = self.session.questions.read_answer(qid)
             if question.status is Q.ANSWERED or answer is not None:
                 return self._apply_answer(question, answer)
             if question.status is Q.TIMED_OUT or self.clock.now() >= question.deadline:
@@ -147,7 +143,7 @@ class HumanDesk:
                 return stop
             self._wait(question.deadline)
             # read again: a channel that cannot deliver it moves its deadline to now
-            question = questions.load_question(self._dir, qid)
+            question = self.session.questions.load(qid)
 
     def _apply_answer(self, question: questions.Question, answer) -> Next | None:
         if answer is not None:
@@ -157,7 +153,7 @@ class HumanDesk:
         response = {"id": question.id, "answer": answer.text if answer else None,
                     "channel": answer.channel if answer else None}
         if question.status is not Q.ANSWERED:
-            questions.resolve(self._dir, question, Q.ANSWERED, self.clock.now())
+            self.session.questions.resolve(question, Q.ANSWERED, self.clock.now())
         # resolved, then a crash before its record: the record is written now, once
         self.session.once(record_key("human.response", question.id), "human.response",
                           response)
@@ -184,7 +180,7 @@ class HumanDesk:
             return Next(Trigger.PAUSE, f"question {question.id} unanswered by its deadline: "
                                        f"{question.text}", PauseKind.QUESTION)
         if question.status is not Q.TIMED_OUT:
-            questions.resolve(self._dir, question, Q.TIMED_OUT, self.clock.now())
+            self.session.questions.resolve(question, Q.TIMED_OUT, self.clock.now())
         if policy != "pause":   # (a pause recorded it when it paused)
             # resolved, then a crash before its record: the record is written now, once
             self.session.once(record_key("human.timeout", question.id), "human.timeout",
@@ -205,10 +201,10 @@ class HumanDesk:
         m = self.tracker.metadata
         if m.orchestrator.pause_kind is not PauseKind.QUESTION or not m.pending_question:
             return
-        question = questions.load_question(self._dir, m.pending_question)
+        question = self.session.questions.load(m.pending_question)
         if not question.timeout_paused:
             question.timeout_paused = True
-            questions.save_question(self._dir, question)
+            self.session.questions.save(question)
 
     # --- late answers and recovery ---
 
@@ -224,13 +220,13 @@ class HumanDesk:
         time made a long session's every step slower with each question asked."""
         known = self._question_states
         waiting = []
-        for qid in questions.ids(self._dir):
+        for qid in self.session.questions.ids():
             if known.get(qid) == "settled":
                 continue
-            if known.get(qid) == "timed_out" and not questions.has_answer(self._dir, qid):
+            if known.get(qid) == "timed_out" and not self.session.questions.has_answer(qid):
                 continue
             try:
-                question = questions.load_question(self._dir, qid)
+                question = self.session.questions.load(qid)
             except BadInput:
                 continue
             if question.status in (Q.ANSWERED, Q.CANCELLED) or question.late_answer_delivered:
@@ -241,7 +237,7 @@ class HumanDesk:
             elif question.asker_gone:
                 waiting.append(question)
         for question in sorted(waiting, key=lambda q: q.asked_at):
-            answer = questions.read_answer(self._dir, question.id)
+            answer = self.session.questions.read_answer(question.id)
             if question.status is Q.PENDING:
                 self._settle_orphan(question, answer)
             elif answer is not None:
@@ -254,7 +250,7 @@ class HumanDesk:
             (f"- {answer.answered_at.isoformat(timespec='seconds')} late answer to "
              f"{question.id}: {answer.text}", f"late answer to {question.id}"))
         question.late_answer_delivered = True
-        questions.save_question(self._dir, question)
+        self.session.questions.save(question)
         self._question_states[question.id] = "settled"
 
     def _settle_orphan(self, question: questions.Question, answer) -> None:
@@ -271,7 +267,7 @@ class HumanDesk:
             self.session.once(record_key("human.timeout", question.id), "human.timeout", {
                 "id": question.id, "in_run": True, "asker_gone": True,
                 "default": question.default})
-            questions.resolve(self._dir, question, Q.TIMED_OUT, now)
+            self.session.questions.resolve(question, Q.TIMED_OUT, now)
             self._question_states[question.id] = "timed_out"
             if timed_out:
                 self._deliver_late(question, answer)
@@ -289,23 +285,23 @@ class HumanDesk:
         self.session.once(record_key("human.response", question.id), "human.response", {
             "id": question.id, "answer": answer.text, "channel": answer.channel,
             "asker_gone": True})
-        questions.resolve(self._dir, question, Q.ANSWERED, now)
+        self.session.questions.resolve(question, Q.ANSWERED, now)
         self._question_states[question.id] = "settled"
 
     def release_in_run_questions(self, unit: str | None = None) -> None:
         """A run ended (or, with no unit, the engine died under every run): an in-run
         question of it that is still pending has no asker waiting any more. It stays
         answerable; its answer goes to the next run of the unit (deliver_answers)."""
-        for qid in questions.ids(self._dir):
+        for qid in self.session.questions.ids():
             if self._question_states.get(qid) == "settled":
                 continue
             try:
-                question = questions.load_question(self._dir, qid)
+                question = self.session.questions.load(qid)
             except BadInput:
                 continue
             if question.kind == "in_run" and question.status is Q.PENDING and \
                     (unit is None or question.unit == unit):
-                questions.mark_asker_gone(self._dir, question)
+                self.session.questions.mark_asker_gone(question)
 
     def recover(self) -> None:
         """After a crash: a loop question written just before the engine died is adopted
@@ -314,7 +310,7 @@ class HumanDesk:
         run), and one asked just before is recorded as its run's."""
         self.release_in_run_questions()
         m = self.tracker.metadata
-        for question in questions.questions(self._dir):
+        for question in self.session.questions.all():
             if question.status is not Q.PENDING:
                 continue
             if question.kind == "in_run":
@@ -331,4 +327,4 @@ class HumanDesk:
         # crash in between left the question without its record (which `tail`, the status
         # view and the bus's readers go by), so it is written now, once
         if m.pending_question:
-            self._record_question(questions.load_question(self._dir, m.pending_question))
+            self._record_question(self.session.questions.load(m.pending_question))

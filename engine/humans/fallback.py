@@ -15,7 +15,7 @@ import subprocess
 
 import attrs
 
-from session_store import Assessment, PauseKind, progress, questions
+from session_store import Assessment, PauseKind, progress
 
 from states import Next, Trigger
 
@@ -182,14 +182,14 @@ class Assessor:
         """The work state as a file in the iteration; its path relative to the session."""
         it, _meta = self.tracker.iteration()
         task, latest = self._work()
-        d = self.session.dir
-        decisions = [(q.text.splitlines()[0], answer.text) for q in questions.questions(d)
-                     if (answer := questions.read_answer(d, q.id)) is not None]
+        asked = self.session.questions
+        decisions = [(q.text.splitlines()[0], answer.text) for q in asked.all()
+                     if (answer := asked.read_answer(q.id)) is not None]
         path = it.write_work_state(work_state_text(
             a, iteration=it.number, state=self._state(), now=self.tracker.clock.now(),
             tasks=self.tracker.tasks(), task=task, latest=latest, decisions=decisions,
             workspace=self.session.workspace))
-        return os.path.relpath(path, d)
+        return os.path.relpath(path, self.session.dir)
 
     def check_in(self, task) -> None:
         """Collaborative mode: ask before each task (and wait: the hold comes next)."""

@@ -50,7 +50,7 @@ class RunQuestions:
         timeout = float(timeout) if timeout is not None else self.robot.timeout_seconds
         now = self.clock.now()
         m = self.session.metadata
-        question = questions.ask(self.session.dir, questions.Question(
+        question = self.session.questions.ask(questions.Question(
             id=questions.new_question_id(now), text=request["text"], asked_at=now,
             deadline=now + timedelta(seconds=timeout), on_timeout="continue", kind="in_run",
             options=list(request.get("options") or []), default=request.get("default"),
@@ -76,19 +76,19 @@ class RunQuestions:
             if rid == request_id:
                 del self._waiting[qid]
                 try:
-                    questions.mark_asker_gone(self.session.dir,
-                                              questions.load_question(self.session.dir, qid))
+                    asked = self.session.questions
+                    asked.mark_asker_gone(asked.load(qid))
                 except BadInput:
                     pass
 
     def serve(self) -> None:
         """Answers and passed deadlines of the questions askers wait for, each written
         back to its asker (on every wakeup while an agent runs)."""
-        d = self.session.dir
+        asked = self.session.questions
         for qid, (rid, _) in list(self._waiting.items()):
             try:
-                question = questions.load_question(d, qid)
-                answer = questions.read_answer(d, qid)
+                question = asked.load(qid)
+                answer = asked.read_answer(qid)
             except BadInput:
                 continue
             now = self.clock.now()
@@ -100,13 +100,13 @@ class RunQuestions:
                     "id": qid, "answer": answer.text, "channel": answer.channel,
                     "in_run": True})
                 self._reply(rid, {"answered": True, "text": answer.text})
-                questions.resolve(d, question, Q.ANSWERED, now)
+                asked.resolve(question, Q.ANSWERED, now)
             elif now >= question.deadline:   # a channel that could not deliver it moved it
                 self.session.once(record_key("human.timeout", qid), "human.timeout", {
                     "id": qid, "in_run": True, "default": question.default,
                     **({"delivery_failed": True} if question.delivery_failed else {})})
                 self._reply(rid, {"answered": False, "default": question.default})
-                questions.resolve(d, question, Q.TIMED_OUT, now)
+                asked.resolve(question, Q.TIMED_OUT, now)
             else:
                 continue
             del self._waiting[qid]

@@ -2,8 +2,8 @@
 /status /tasks /tail /pause /resume /stop /approve /skip /help.
 
 Like every channel it only reads the store and writes store files: answers
-(`questions.answer(channel="telegram")`) and signal files (guidance is an INFO signal for
-ALL; /pause PAUSE, /stop ABORT, /approve APPROVE, /skip SKIP). /resume starts
+(`session.questions.answer(channel="telegram")`) and signal files (guidance is an INFO
+signal for ALL; /pause PAUSE, /stop ABORT, /approve APPROVE, /skip SKIP). /resume starts
 `ralph session resume ID` as a detached process. Everything here is synchronous store
 I/O: the bot calls `Commands.run` off its event loop, in a worker thread.
 """
@@ -16,7 +16,7 @@ import threading
 from datetime import datetime, timezone
 
 from session_store import (AlreadyAnswered, BadInput, ChannelFiles, QuestionCancelled, Status,
-                           list_ids, load, questions, signals)
+                           list_ids, load, questions)
 
 from . import router
 from .settings import Log
@@ -93,10 +93,10 @@ class Commands:
         except BadInput:
             return f"Session {sid} is gone: the answer could not be recorded."
         try:
-            questions.answer(session.dir, qid, text, now=_utcnow(), channel="telegram")
+            session.questions.answer(qid, text, now=_utcnow(), channel="telegram")
         except AlreadyAnswered:
             try:
-                earlier = questions.read_answer(session.dir, qid)
+                earlier = session.questions.read_answer(qid)
             except BadInput:
                 earlier = None
             said = f" ({earlier.channel}): {clip(earlier.text, 300)}" if earlier else ""
@@ -107,7 +107,7 @@ class Commands:
         except BadInput as e:
             return f"Your answer could not be recorded: {e}"
         self.log(f"answer to question {qid} of session {sid} from chat {chat}")
-        q = questions.load_question(session.dir, qid)
+        q = session.questions.load(qid)
         if q.status is questions.QuestionStatus.TIMED_OUT:
             return (f"Answer recorded for question {qid}. It had timed out already, so it "
                     f"reaches session {sid}'s next prompt as guidance.")
@@ -117,10 +117,10 @@ class Commands:
         session, why = self._open(sid)
         if session is None:
             return why
-        signals.drop(session.dir, "INFO", text, now=_utcnow(), target="ALL")
+        session.signals.drop("INFO", text, now=_utcnow(), target="ALL")
         self.log(f"guidance for session {sid}")
         reply = f"Guidance queued for session {sid}: it reaches the next agent prompt."
-        waiting = questions.pending(session.dir)
+        waiting = session.questions.pending()
         if waiting:
             reply += (f"\n(Session {sid} waits for an answer to question {waiting[0].id}: "
                       f"reply to that question's message to answer it.)")
@@ -206,7 +206,7 @@ class Commands:
         if kind == "PAUSE" and session.metadata.status is Status.PAUSED:
             return f"Session {sid} is paused already. /resume {sid} to go on."
         iteration = session.metadata.iteration if kind in ("APPROVE", "SKIP") else None
-        signals.drop(session.dir, kind, message, now=_utcnow(), iteration=iteration)
+        session.signals.drop(kind, message, now=_utcnow(), iteration=iteration)
         self.log(f"{kind} signal for session {sid}")
         return done.format(sid=sid, iteration=session.metadata.iteration,
                            state=session.metadata.orchestrator.state.value)
@@ -229,7 +229,6 @@ class Commands:
             kind="SKIP", what="kept staged"))
 
     def resume(self, sid, _rest) -> str:
-        from session_store import running_pid
         if sid is None:
             sid = self._resumable()
             if sid is None:
@@ -237,7 +236,7 @@ class Commands:
         session, why = self._open(sid)
         if session is None:
             return why
-        pid = running_pid(session.dir)
+        pid = session.running_pid()
         if pid is not None:
             return f"Session {sid} is running already (engine pid {pid})."
         fd, log_path = self.files.open_log(f"resume-{sid}")

@@ -13,8 +13,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from session_store import (AlreadyAnswered, BadInput, ChannelFiles, Status, check_id,
-                           questions, running_pid, signals)
+from session_store import AlreadyAnswered, BadInput, ChannelFiles, Status, check_id
 
 from ...views import answer_outcome
 from .reads import Problem, open_session
@@ -54,20 +53,20 @@ def answer(workspace: str, session_id: str, question_id: str, body: dict) -> dic
         check_id(question_id, "question id")
     except BadInput:
         raise Problem(404, f"no question {question_id[:80]!r}") from None
-    if question_id not in questions.ids(session.dir):
+    if question_id not in session.questions.ids():
         raise Problem(404, f"session {session.id} has no question {question_id}")
     text = _text(body.get("text"), "$.text", required=True)
     try:
-        questions.answer(session.dir, question_id, text, now=_now(), channel="web")
+        session.questions.answer(question_id, text, now=_now(), channel="web")
     except AlreadyAnswered as e:
-        earlier = questions.read_answer(session.dir, question_id)
+        earlier = session.questions.read_answer(question_id)
         if earlier is None:
             raise Problem(409, str(e)) from None
         raise Problem(409, f"question {question_id} is already answered",
                       answered_by=earlier.channel, answer=earlier.text) from None
     except BadInput as e:
         raise Problem(409, str(e)) from None
-    question = questions.load_question(session.dir, question_id)
+    question = session.questions.load(question_id)
     return {"answered": question_id, "outcome": answer_outcome(session, question)}
 
 
@@ -83,8 +82,8 @@ def signal(workspace: str, session_id: str, body: dict) -> dict:
         raise Problem(409, f"session {session.id} is paused already: resume it instead")
     iteration = session.metadata.iteration if kind in ("approve", "skip") else None
     try:
-        name = signals.drop(session.dir, kind.upper(), message, now=_now(), target=target,
-                            iteration=iteration, priority=priority)
+        name = session.signals.drop(kind.upper(), message, now=_now(), target=target,
+                                    iteration=iteration, priority=priority)
     except BadInput as e:   # a target or a priority the mailbox does not take
         raise Problem(400, str(e)) from None
     return {"signal": name, "type": kind.upper()}
@@ -109,7 +108,7 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
     """Start `ralph session resume ID [--message M] [--max-...]` detached (its own process
     session, its output in the channel's log), and wait until it holds the session."""
     session = _open(workspace, session_id)
-    pid = running_pid(session.dir)
+    pid = session.running_pid()
     if pid is not None:
         raise Problem(409, f"session {session.id} is running already (engine pid {pid})")
     argv = [sys.executable, "-P", "-m", "engine", "session", "resume", session.id,
@@ -132,7 +131,7 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
     finally:
         os.close(fd)
     deadline = time.monotonic() + RESUME_SETTLE
-    while child.poll() is None and running_pid(session.dir) != child.pid \
+    while child.poll() is None and session.running_pid() != child.pid \
             and time.monotonic() < deadline:
         time.sleep(0.02)
     code = child.poll()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 
-from session_store import BadInput, Session, check_id, load, signals
+from session_store import BadInput, Session, check_id, load
 
 from ...diagram import INSTALL_HINT, render, session_path
 from ...views import list_views, session_view
@@ -72,7 +72,7 @@ def snapshot(workspace: str, session_id: str) -> dict:
     except BadInput as e:
         raise Problem(404, str(e)) from None
     return {"view": view, "scratchpad": _tail(session.scratchpad() or "", SCRATCHPAD_TAIL),
-            "guidance": signals.guidance(session.dir)}
+            "guidance": session.signals.guidance()}
 
 
 def _tail(text: str, most: int) -> str:
