@@ -665,11 +665,14 @@ def test_question_and_answer_files_with_a_duplicate_key_are_refused(tmp_path):
     for name, key, read in (("questions/q1.yaml", "status", questions.load_question),
                             ("answers/q1.yaml", "text", questions.read_answer)):
         path = Path(session.dir, name)
-        lines = path.read_text().splitlines()
-        path.write_text("\n".join(lines + [f'{key}: "forged"']) + "\n")
+        text = path.read_text()   # JSON, as the store writes it: the key again, first
+        assert text.startswith("{\n")
+        path.write_text(f'{{\n "{key}": "forged",' + text[1:])
+        at = next(n for n, line in enumerate(path.read_text().splitlines(), 1)
+                  if line.startswith(f' "{key}": ') and n > 2)
         with pytest.raises(BadInput) as e:
             read(session.dir, "q1")
-        assert str(e.value) == f"{path}: $: duplicate key {key} (line {len(lines) + 1})"
+        assert str(e.value) == f"{path}: $: duplicate key {key} (line {at})"
 
 
 # --- session ids and targets ---
