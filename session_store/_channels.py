@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-from datetime import datetime
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from . import _questions
 from ._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
 from ._changes import Change, change_at, watch_paths
 from ._errors import BadInput
 from ._events import events_after, last_seq
+from ._handles import SessionQuestions
 from ._session import Session, check_id, list_ids, load, sessions_root
 
 
@@ -46,22 +45,9 @@ class Sessions:
         """The seq of the bus's last complete record (0: none yet)."""
         return last_seq(self._dir(sid))
 
-    # --- questions ---
-
-    def question_ids(self, sid: str) -> list[str]:
-        return _questions.ids(self._dir(sid))
-
-    def question(self, sid: str, qid: str) -> _questions.Question:
-        """BadInput when it is gone or unreadable."""
-        return _questions.load_question(self._dir(sid), qid)
-
-    def answer(self, sid: str, qid: str) -> _questions.Answer | None:
-        return _questions.read_answer(self._dir(sid), qid)
-
-    def mark_undeliverable(self, sid: str, qid: str, now: datetime, channel: str) -> bool:
-        """No chat could take it: whoever waits applies its timeout now. False when it waits
-        for nothing any more."""
-        return _questions.mark_undeliverable(self._dir(sid), qid, now, channel=channel)
+    def questions(self, sid: str) -> SessionQuestions:
+        """The session's questions (the handle's verbs), without loading its metadata."""
+        return SessionQuestions(_Address(self._dir(sid)))
 
     # --- wakeups ---
 
@@ -79,6 +65,11 @@ class Sessions:
         paths = [self._root] + [p for sid in self.ids() for p in watch_paths(self._dir(sid))
                                 if os.path.isdir(p)]
         return SessionsWatch(watch(paths, None, notify=changed), self)
+
+
+class _Address(NamedTuple):
+    """What a handle's verbs need of a session: its address in the store."""
+    dir: str
 
 
 class SessionsWatch:

@@ -6,20 +6,23 @@ implement the same verbs over its rows. The module-level verbs of `_questions` a
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import _questions, _signals
 from ._questions import Answer, Question, QuestionStatus
 from ._signals import Signal
 
-if TYPE_CHECKING:
-    from ._session import Session
+
+class _Addressed(Protocol):
+    @property
+    def dir(self) -> str: ...
 
 
 class _OfSession:
-    """Verbs bound to one session (its address read at each call)."""
+    """Verbs bound to one session (its address read at each call): a Session, or anything
+    with its `dir` (Sessions hands out a session's questions by id, unloaded)."""
 
-    def __init__(self, session: "Session"):
+    def __init__(self, session: "_Addressed"):
         self._session = session
 
     @property

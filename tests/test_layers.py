@@ -24,11 +24,15 @@ def modules(package: str):
     return sorted((REPO / package).rglob("*.py"))
 
 
-def imported(path: Path) -> list[tuple[int, str]]:
+def imported(path: Path, relative: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of each import; with `relative`, each name a `from` takes too (relative
+    imports included), as `module.name`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and relative:
+            found += [(node.lineno, f"{node.module or ''}.{a.name}") for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))
     return found
@@ -102,20 +106,9 @@ def test_the_core_never_imports_a_channel():
              for path in modules("engine")
              if not {"channels", "cli"} & set(path.relative_to(REPO).parts)
              and str(path.relative_to(REPO)) not in CHANNEL_WIRING
-             for line, name in _imports_with_relative(path)
+             for line, name in imported(path, relative=True)
              if "channels" in name.split(".")]
     assert not found, "\n".join(found)
-
-
-def _imports_with_relative(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
-    return found
 
 
 def test_the_file_watcher_is_the_stores_own():

@@ -169,20 +169,20 @@ class Outbox:
     def _look_at_questions(self, look: Look, ids, skip: set) -> None:
         sid = look.session
         if ids is ALL:
-            ids = self.sessions.question_ids(sid)
+            ids = self.sessions.questions(sid).ids()
         found = []
         for qid in sorted(ids):
             if (sid, qid) in skip:   # settled or under way: not read again
                 continue
             try:
-                found.append(self.sessions.question(sid, qid))
+                found.append(self.sessions.questions(sid).load(qid))
             except BadInput:
                 continue
         now = datetime.now(timezone.utc)
         finished = None
         for q in sorted(found, key=lambda q: q.asked_at):
             if q.status is not questions.QuestionStatus.PENDING or q.delivery_failed \
-                    or self.sessions.answer(sid, q.id) is not None:
+                    or self.sessions.questions(sid).read_answer(q.id) is not None:
                 look.settled.append(q.id)
                 continue
             if now >= q.deadline and not q.timeout_paused:
@@ -293,17 +293,17 @@ class Outbox:
 
     def _still_pending(self, sid: str, qid: str) -> bool:
         try:
-            q = self.sessions.question(sid, qid)
+            q = self.sessions.questions(sid).load(qid)
         except BadInput:
             return False
         return q.status is questions.QuestionStatus.PENDING and not q.delivery_failed \
-            and self.sessions.answer(sid, qid) is None
+            and self.sessions.questions(sid).read_answer(qid) is None
 
     def _mark_undeliverable(self, sid: str, qid: str) -> bool:
         """False when it waits for nothing any more (answered, resolved, gone)."""
         try:
-            return self.sessions.mark_undeliverable(sid, qid, datetime.now(timezone.utc),
-                                                    channel="telegram")
+            return self.sessions.questions(sid).mark_undeliverable(
+                qid, datetime.now(timezone.utc), channel="telegram")
         except BadInput:
             return False
 
