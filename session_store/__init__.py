@@ -23,7 +23,7 @@ _WHERE = {
     "list_ids": "_session", "resolve_id": "_session", "check_id": "_session",
     "new_session_id": "_session",
     "sessions_root": "_session",
-    "Sessions": "_channels", "ChannelFiles": "_channels", "Watching": "_watch", "watch": "_watch",
+    "Sessions": "_channels", "ChannelFiles": "_channels", "HeldLock": "_channels", "Watching": "_watch", "watch": "_watch",
     "Iteration": "_iteration", "Attempt": "_iteration", "RunFiles": "_iteration",
     "append_event": "_events", "read_events": "_events", "now_iso": "_events",
     "tail_events": "_events", "REFUSED": "_events", "Change": "_changes",

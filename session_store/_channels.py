@@ -114,9 +114,9 @@ class ChannelFiles:
         make_dirs(self.dir)
         write_atomic(self.state_path, text, kind)
 
-    def try_lock(self) -> int | None:
-        """The channel's workspace lock (an fd to keep; closing it lets go), or None when
-        another process holds it. It names the holder's pid."""
+    def try_lock(self) -> "HeldLock | None":
+        """The channel's workspace lock (`release()` lets go, and so does the holder's
+        death), or None when another process holds it. It names the holder's pid."""
         make_dirs(self._root)
         fd = os.open(self._lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -126,7 +126,7 @@ class ChannelFiles:
             return None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
+        return HeldLock(fd)
 
     def lock_holder(self) -> str:
         try:
@@ -147,3 +147,13 @@ class ChannelFiles:
             raise BadInput(f"{path}: cannot be opened ({e.strerror}; symlinks are refused)") \
                 from None
         return fd, path
+
+
+class HeldLock:
+    """A channel's lock, held: a flock on an open file (closing it lets go)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def release(self) -> None:
+        os.close(self._fd)

@@ -29,6 +29,47 @@ def web(workspace):
         s.stop(expect=None)
 
 
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """The URL of a PostgreSQL database for the run: $RALPH_TEST_DATABASE_URL (`.ci/run`
+    starts one), else a throwaway cluster of our own (tests/postgres_cluster.py), stopped
+    at the end. No server installed: the PostgreSQL tests skip, or fail under CI=1."""
+    import postgres_cluster
+    url = os.environ.get("RALPH_TEST_DATABASE_URL")
+    if url:
+        yield url, None
+        return
+    if postgres_cluster.bindir() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's server is not installed (CI installs it: .ci/run)")
+        pytest.skip("PostgreSQL's server is not installed")
+    import shutil
+    import tempfile
+    root = tempfile.mkdtemp(prefix="ralph-test-postgres-")   # (the server's user walks it)
+    try:
+        yield postgres_cluster.start(root), root
+    finally:
+        postgres_cluster.stop(root, "immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster, request):
+    """A database URL of the run's cluster whose tables are this test's own (a schema
+    of its own, first on the search path)."""
+    import re
+    import uuid
+    import psycopg
+    url, _root = postgres_cluster
+    schema = "t_" + re.sub(r"\W", "_", request.node.name)[:40].lower() + "_" + uuid.uuid4().hex[:6]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    joiner = "&" if "?" in url else "?"
+    yield f"{url}{joiner}options=-csearch_path%3D{schema}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 # --- test artefacts (the browser tests' screenshots), listed at the end of the run ---
 
 ARTIFACTS = pytest.StashKey[list]()

@@ -2,9 +2,10 @@
 them (append and read by seq; once and done, the exactly-once primitive), under
 concurrent callers in real processes and under kill -9 at each durable step of an append.
 
-Parametrised by the fixture `store` (today "file"; a PostgreSQL backend joins later by
-adding its adapter to BACKENDS: making a session, opening a new handle on it as the next
-engine would, naming it to a child process, and the kill points of its append).
+Parametrised by the fixture `store`: "file" and "postgres" (a throwaway cluster, see
+conftest's postgres_cluster). A backend joins by adding its adapter to BACKENDS: making a
+session, opening a new handle on it as the next engine would, naming it to a child
+process, and the kill points of its append.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class FileStore:
     """The file backend: a session directory, its bus events.jsonl."""
 
     name = "file"
+    torn_lines = True   # a kill mid-append can leave half a line (cut off by the next)
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, request):
         self.workspace = tmp_path / "ws"
         self.workspace.mkdir()
 
@@ -66,12 +68,54 @@ class FileStore:
         return complete_size(session.dir) < os.path.getsize(path)
 
 
-BACKENDS = {"file": FileStore}
+class PostgresStore:
+    """The PostgreSQL backend: rows in a database of the test's own (a schema)."""
+
+    name = "postgres"
+    torn_lines = False   # a transaction commits whole or not at all
+
+    def __init__(self, tmp_path, request):
+        from session_store._postgres import PostgresSessions
+        self.url = request.getfixturevalue("postgres_url")
+        self.workspace = tmp_path / "ws"
+        self.workspace.mkdir()
+        self._sessions = PostgresSessions(self.url, str(self.workspace))
+
+    def new(self, sid: str = "s1"):
+        return self._sessions.create("contract", now=NOW, session_id=sid)
+
+    def reopen(self, session):
+        from session_store._postgres import PostgresSessions
+        return PostgresSessions(self.url).load(session.id)
+
+    def spec(self, session) -> dict:
+        return {"backend": self.name, "url": self.url, "id": session.id}
+
+    def tear(self, session, key: str) -> None:
+        """A writer killed inside its transaction, its keyed row inserted, not committed."""
+        r = subprocess.run([sys.executable, "-c", PG_CHILD, json.dumps(self.spec(session)),
+                            key, "in_transaction"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr)
+
+    def sessions(self):
+        from session_store._postgres import PostgresSessions
+        return PostgresSessions(self.url, str(self.workspace))
+
+    def channel_files(self, channel: str):
+        from session_store._postgres import PostgresChannel
+        return PostgresChannel(self.url, channel)
+
+    def torn(self, session) -> bool:
+        return False
 
 
-@pytest.fixture(params=["file"])
+BACKENDS = {"file": FileStore, "postgres": PostgresStore}
+
+
+@pytest.fixture(params=list(BACKENDS))
 def store(request, tmp_path):
-    return BACKENDS[request.param](tmp_path)
+    return BACKENDS[request.param](tmp_path, request)
 
 
 def records(session) -> list[dict]:
@@ -150,7 +194,7 @@ def test_only_the_records_own_key_counts(store):
     """A payload that says `once` is an agent's words, not a key; a plain append has none."""
     s = store.new()
     s.append_event("t", {"once": "k"})
-    append_event(s.dir, "t", "once: k")
+    s.append_event("t", "once: k")
     assert not s.done("k") and s.once("k", "t")
 
 
@@ -164,7 +208,7 @@ def test_a_bad_key_is_refused(store):
 def test_a_torn_last_line_is_no_done_key(store):
     s = store.new()
     store.tear(s, "k")
-    assert store.torn(s)
+    assert store.torn(s) is store.torn_lines
     nxt = store.reopen(s)
     assert not nxt.done("k")
     assert nxt.once("k", "t") is True   # the torn line is cut off, the record written whole
@@ -197,7 +241,8 @@ def _race(spec: dict, keys: list[str], barrier, results) -> None:
 def _open(spec: dict):
     if spec["backend"] == "file":
         return load(spec["workspace"], spec["id"])
-    raise AssertionError(spec)
+    from session_store._postgres import PostgresSessions
+    return PostgresSessions(spec["url"]).load(spec["id"])
 
 
 def test_concurrent_processes_one_wins_each_key(store):
@@ -261,21 +306,55 @@ elif point == "synced":
 print(session.once(key, "killed", {"point": point}))
 """
 
-KILL_POINTS = {"before": False, "locked": False, "torn": False, "written": True,
-               "synced": True}
+# The PostgreSQL backend's steps: before the call; in_transaction - its row inserted and
+# its NOTIFY queued, not committed; committed - the commit answered, before once returns.
+PG_CHILD = r"""
+import json, os, signal, sys
+spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+from session_store import _postgres
+
+def die(*_args, **_kwargs):
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+session = _postgres.PostgresSessions(spec["url"]).load(spec["id"])
+real_write = _postgres.Database.write
+
+def committed(self, fn):
+    real_write(self, fn)
+    die()
+
+if point == "before":
+    die()
+elif point == "in_transaction":
+    _postgres._notify = die
+elif point == "committed":
+    _postgres.Database.write = committed
+print(session.once(key, "killed", {"point": point}))
+"""
+
+KILL_POINTS = {
+    "file": (CHILD, {"before": False, "locked": False, "torn": False, "written": True,
+                     "synced": True}),
+    "postgres": (PG_CHILD, {"before": False, "in_transaction": False, "committed": True}),
+}
 
 
-@pytest.mark.parametrize("point", KILL_POINTS)
-def test_kill_9_at_each_step_leaves_the_key_done_iff_its_line_is_whole(store, point):
+@pytest.mark.parametrize("backend,point", [(b, p) for b, (_, points) in KILL_POINTS.items()
+                                           for p in points])
+def test_kill_9_at_each_step_leaves_the_key_done_iff_its_line_is_whole(
+        backend, point, tmp_path, request):
+    store = BACKENDS[backend](tmp_path, request)
+    child, points = KILL_POINTS[backend]
     s = store.new()
     s.once("other", "t")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(store.spec(s)), "k", point],
+    r = subprocess.run([sys.executable, "-c", child, json.dumps(store.spec(s)), "k", point],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
     assert store.torn(s) is (point == "torn")
     nxt = store.reopen(s)
-    done = KILL_POINTS[point]
+    done = points[point]
     assert nxt.done("k") is done
     assert nxt.once("k", "t", {"after": point}) is (not done)   # done again only if not done
     assert len(keyed(nxt, "k")) == 1 and nxt.done("other")
@@ -334,7 +413,8 @@ def test_a_watch_names_what_changed(store):
 # --- ChannelFiles: one process runs a channel per workspace; its state is replaced whole
 
 def _hold_channel_lock(files, ready):
-    ready.put(files.try_lock() is not None)
+    lock = files.try_lock()   # held while this process lives
+    ready.put(lock is not None)
     time.sleep(60)   # until killed
 
 
@@ -349,9 +429,9 @@ def test_one_process_at_a_time_holds_a_channels_lock(store):
         assert files.try_lock() is None and files.lock_holder() == str(holder.pid)
         os.kill(holder.pid, signal.SIGKILL)   # the holder dies: its lock goes with it
         holder.join(10)
-        fd = files.try_lock()
-        assert fd is not None
-        os.close(fd)
+        lock = files.try_lock()
+        assert lock is not None
+        lock.release()
     finally:
         if holder.is_alive():
             holder.kill()
@@ -364,7 +444,8 @@ def test_a_channels_state_is_replaced_whole(store):
     files.write_state('{"read_seqs": {"s1": 3}}\n', "telegram-state")
     files.write_state('{"read_seqs": {"s1": 4}}\n', "telegram-state")
     assert files.read_state() == b'{"read_seqs": {"s1": 4}}\n'
-    assert not [n for n in os.listdir(files.dir) if n.endswith(".tmp")]
+    if store.name == "file":
+        assert not [n for n in os.listdir(files.dir) if n.endswith(".tmp")]
 
 
 # --- metadata: saved over the revision a handle read, never over another writer's ---

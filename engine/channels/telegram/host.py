@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Callable
 
-from session_store import BadInput, ChannelFiles, Sessions
+from session_store import BadInput, ChannelFiles, HeldLock, Sessions
 
 from .commands import Commands
 from .inbox import Inbox
@@ -146,7 +146,7 @@ class EngineHost:
                  log: Callable[[str], None] = stderr_log):
         self.ws, self.settings, self.primary, self._log = workspace, settings, primary, log
         self._stop = threading.Event()
-        self._lock_fd: int | None = None
+        self._lock: HeldLock | None = None
         self.channel: Channel | None = None
         self._standby: threading.Thread | None = None
 
@@ -158,13 +158,13 @@ class EngineHost:
 
     def _take(self) -> bool:
         try:
-            fd = ChannelFiles(self.ws, CHANNEL).try_lock()
+            lock = ChannelFiles(self.ws, CHANNEL).try_lock()
         except OSError as e:
             self._log(f"cannot take the bot lock ({e.strerror})")
             return True  # do not retry
-        if fd is None:
+        if lock is None:
             return False
-        self._lock_fd = fd
+        self._lock = lock
         self.channel = Channel(self.ws, self.settings, primary=self.primary, log=self._log)
         self.channel.start()
         return True
@@ -184,9 +184,9 @@ class EngineHost:
             self._standby.join(timeout=STANDBY_INTERVAL + 1)
         if self.channel is not None:
             self.channel.stop()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def start_for_session(workspace: str, session_id: str, config,
@@ -218,8 +218,8 @@ def start_for_session(workspace: str, session_id: str, config,
 def run_foreground(workspace: str, found: Settings) -> int:
     """`ralph bot run`: serve every session of the workspace until ^C / SIGTERM."""
     files = ChannelFiles(workspace, CHANNEL)
-    fd = files.try_lock()
-    if fd is None:
+    lock = files.try_lock()
+    if lock is None:
         raise BadInput(f"the Telegram bot of {workspace} runs already "
                        f"(pid {files.lock_holder()})")
     channel = Channel(workspace, found)
@@ -232,6 +232,6 @@ def run_foreground(workspace: str, found: Settings) -> int:
         pass
     finally:
         channel.stop()
-        os.close(fd)
+        lock.release()
     stderr_log("bot stopped")
     return 0
