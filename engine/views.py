@@ -35,7 +35,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "status": status,
         "running": pid is not None,
         "engine_pid": pid,
-        "engine_stopped": engine_stopped(pid),
+        "engine_stopped": engine_stopped(session, pid),
         "iteration": m.iteration,
         "batch": m.batch,
         "pause_reason": reason,
@@ -60,6 +60,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
+        **_place(session),
         "last_events": session.tail(last_events),
     }
 
@@ -97,10 +98,19 @@ def _span(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def engine_stopped(pid: int | None) -> bool:
+def _place(session) -> dict:
+    """Where a fleet's session runs (its machine and workspace); nothing on the file
+    store, whose sessions are all this workspace's."""
+    if session.machine is None:
+        return {}
+    return {"machine": session.machine, "workspace": session.workspace}
+
+
+def engine_stopped(session, pid: int | None) -> bool:
     """The engine holding the lock is stopped (SIGSTOP, a debugger, a suspended machine):
-    it holds the session but makes no progress until it is continued."""
-    if not pid or pid < 0:
+    it holds the session but makes no progress until it is continued. (Another machine's
+    engine is not looked at: its pid means nothing here.)"""
+    if not pid or pid < 0 or not session.runs_here():
         return False
     from .procfs import proc_state
     state = proc_state(pid)
@@ -183,6 +193,8 @@ def status_text(v: dict) -> str:
              f"objective: {printable(v['objective'].splitlines()[0]) if v['objective'] else ''}",
              f"iteration {v['iteration']}, batch {v['batch']}; tasks: {v['tasks']['completed']} done, "
              f"{v['tasks']['failed']} failed, {v['tasks']['pending']} pending of {v['tasks']['total']}"]
+    if v.get("machine"):
+        lines.append(f"on {field(v['machine'])}, workspace {field(v['workspace'])}")
     if v["engine_stopped"]:
         last = field(v["last_events"][-1].get("ts"))[:19] if v["last_events"] \
             else v["updated_at"][:19]
@@ -266,12 +278,13 @@ def list_views(workspace: str) -> list[dict]:
         views.append({
             "session_id": sid, "state": m.orchestrator.state.value, "status": status,
             "previous_state": previous.value if previous else None,
-            "running": pid is not None, "engine_stopped": engine_stopped(pid),
+            "running": pid is not None, "engine_stopped": engine_stopped(session, pid),
             "iteration": m.iteration, "pause_reason": reason, **_limit_view(m),
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
-            "objective": m.objective.splitlines()[0] if m.objective else ""})
+            "objective": m.objective.splitlines()[0] if m.objective else "",
+            **_place(session)})
     # paused first, then the rest, newest first within each group
     views.sort(key=lambda v: (v.get("status") != "paused", -v.get("age_seconds", 0) * -1))
     return views
@@ -290,6 +303,8 @@ def list_text(views: list[dict]) -> str:
         run = " stopped" if v.get("engine_stopped") else " running" if v["running"] else ""
         lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
                      f"{_age(v['age_seconds']):>6}{run}"
+                     + (f"  {field(v['machine'])}:{field(v['workspace'])}"
+                        if v.get("machine") else "")
                      + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
                      + (f"  — {printable(v['waiting'])}" if v["waiting"] else "")
                      + (f"  — resume: ralph session resume {v['session_id']}"

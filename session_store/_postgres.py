@@ -102,6 +102,11 @@ CREATE TABLE ralph_commits (
 _MIGRATION_LOCK = 0x7261_6C70_6800   # "ralph" + 0: one migrator at a time
 
 
+def this_machine() -> str:
+    """This machine's name in the fleet: $RALPH_MACHINE, else its host name."""
+    return os.environ.get("RALPH_MACHINE") or socket.gethostname()
+
+
 def _lock_key(kind: str, name: str) -> int:
     """A 64-bit advisory lock key for one session's lease or one channel's lock."""
     digest = hashlib.blake2b(f"ralph:{kind}:{name}".encode(), digest_size=8).digest()
@@ -263,15 +268,16 @@ class PostgresSessions:
     def load(self, sid: str) -> "PostgresSession":
         check_id(sid)
         row = self.db.read(lambda cur: cur.execute(
-            "SELECT workspace, metadata FROM ralph_sessions WHERE id = %s", (sid,)).fetchone())
+            "SELECT workspace, machine, metadata FROM ralph_sessions WHERE id = %s",
+            (sid,)).fetchone())
         if row is None:
             raise UnknownSession(f"unknown session {sid!r} in {shown_url(self.url)}")
-        workspace, text = row
+        workspace, machine, text = row
         where = f"{shown_url(self.url)} session {sid} metadata"
         meta = structure(parse_yaml(text, where), SessionMetadata, where)
         if meta.session_id != sid:
             raise BadInput(f"{where}: $.session_id: expected {sid!r}, got {meta.session_id!r}")
-        return PostgresSession(self, workspace, sid, meta)
+        return PostgresSession(self, workspace, sid, meta, machine)
 
     def create(self, objective: str, *, now: datetime, session_id: str | None = None,
                limits: Limits | None = None, config_path: str | None = None,
@@ -290,7 +296,7 @@ class PostgresSessions:
         meta = SessionMetadata(session_id=session_id, objective=objective, created_at=now,
                                updated_at=now, limits=limits or Limits(),
                                config_path=config_path, git=git)
-        session = PostgresSession(self, workspace, session_id, meta)
+        session = PostgresSession(self, workspace, session_id, meta, this_machine())
         from ._atomic import make_dirs
         make_dirs(os.path.join(session.dir, "iterations"))
         session.work.start_fresh()
@@ -304,7 +310,7 @@ class PostgresSessions:
             cur.execute("INSERT INTO ralph_sessions (id, workspace, machine, revision, metadata, "
                         "config_snapshot, last_seq) VALUES (%s, %s, %s, 1, %s, %s, 1) "
                         "ON CONFLICT (id) DO NOTHING",
-                        (session_id, os.path.abspath(workspace), socket.gethostname(),
+                        (session_id, os.path.abspath(workspace), this_machine(),
                          dump_plain(unstructure(meta)),
                          config_snapshot.encode() if config_snapshot is not None else None))
             if cur.rowcount != 1:
@@ -409,10 +415,14 @@ class PostgresSession(Session):
     scratchpad and notes stay local (`dir`, `work_dir`), as the file store keeps them."""
 
     def __init__(self, store: PostgresSessions, workspace: str, session_id: str,
-                 metadata: SessionMetadata):
+                 metadata: SessionMetadata, machine: str):
         super().__init__(workspace, session_id, metadata)
         self._store = store
         self._db = store.db
+        self.machine = machine   # where its workspace is: where it runs and resumes
+
+    def runs_here(self) -> bool:
+        return self.machine == this_machine()
 
     @property
     def store_url(self) -> str:
@@ -520,6 +530,16 @@ class PostgresSession(Session):
     def last_event(self, match) -> dict | None:
         return next((r for r in self.events_backwards() if match(r)), None)
 
+    def subscribe(self, wakeup) -> "Subscription":
+        """What wakes the engine: a signal, question or answer of this session (NOTIFY,
+        no polling), or a line in the work area's outbox (inotify, local as the agents)."""
+        from ._outbox import OUTBOX
+        from ._watch import watch
+        outbox = watch([], wakeup, files=[os.path.join(self.work_dir, OUTBOX)])
+        heard = Listener(self._db, lambda _change: wakeup.set(), self.id,
+                         ("signal", "question", "answer"))
+        return Subscription(outbox, heard)
+
     def follow(self, wakeup) -> Listener:
         return Listener(self._db, lambda _change: wakeup.set(), self.id, ("events",))
 
@@ -537,6 +557,10 @@ class PostgresSession(Session):
         return _lease_holder(self._db, self.id)
 
     def acquire_lease(self, wait_seconds: float = 0.2) -> "PostgresLease":
+        """Only on the session's machine: its work area and iterations are there."""
+        if not self.runs_here():
+            raise BadInput(f"session {self.id} runs on {self.machine} (workspace "
+                           f"{self.workspace}): resume it there")
         return PostgresLease.take(self._db, self.id, wait_seconds)
 
     def config_snapshot(self) -> tuple[bytes, str]:
@@ -547,6 +571,21 @@ class PostgresSession(Session):
             raise BadInput(f"{where}: the session's config snapshot is missing or empty; the "
                            f"session is not resumed without it")
         return bytes(row[0]), where
+
+
+class Subscription:
+    """The engine's wakeups: calling it stops both; `failed` says why no watcher works."""
+
+    def __init__(self, outbox, heard: Listener):
+        self._outbox, self._heard = outbox, heard
+
+    @property
+    def failed(self) -> str | None:
+        return self._outbox.failed or self._heard.failed
+
+    def __call__(self) -> None:
+        self._outbox()
+        self._heard()
 
 
 class SeqReader:
@@ -584,7 +623,7 @@ class PostgresLease:
         conn.execute("INSERT INTO ralph_leases (session_id, pid, machine, backend_pid) "
                      "VALUES (%s, %s, %s, pg_backend_pid()) ON CONFLICT (session_id) DO UPDATE "
                      "SET pid = excluded.pid, machine = excluded.machine, "
-                     "backend_pid = excluded.backend_pid", (sid, os.getpid(), socket.gethostname()))
+                     "backend_pid = excluded.backend_pid", (sid, os.getpid(), this_machine()))
         return cls(conn, sid)
 
     def held(self) -> bool:

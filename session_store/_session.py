@@ -49,6 +49,28 @@ def new_session_id(now: datetime) -> str:
     return f"{now.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
 
 
+def store_url() -> str | None:
+    """The fleet's database, when sessions live in one ($RALPH_STORE_URL, a
+    `postgresql://` URL; its password in ~/.pgpass or $PGPASSWORD, never in a file of
+    ralph's): every verb below goes to it. None: the workspace's files (the default)."""
+    url = os.environ.get("RALPH_STORE_URL", "").strip()
+    if not url:
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput(f"$RALPH_STORE_URL: expected a postgresql:// URL, got "
+                       f"{url.split(':', 1)[0][:20]!r}")
+    return url
+
+
+def _database(workspace: str | None):
+    """The PostgreSQL store's sessions, or None on the file store."""
+    url = store_url()
+    if url is None:
+        return None
+    from ._postgres import PostgresSessions
+    return PostgresSessions(url, workspace)
+
+
 def sessions_root(workspace: str) -> str:
     """Where the workspace's sessions' control planes are."""
     return control_root(workspace)
@@ -57,7 +79,10 @@ def sessions_root(workspace: str) -> str:
 class Session:
     """One session, behind verbs. `dir` is its control plane, the file backend's address of
     it (nothing above the store passes it back: `questions`, `signals` and the lease are
-    verbs here); `work_dir` is its work area, which agents get (RALPH_SESSION_DIR)."""
+    verbs here); `work_dir` is its work area, which agents get (RALPH_SESSION_DIR).
+    `machine`: where it runs, in a fleet's shared store (None: this one's files)."""
+
+    machine: str | None = None
 
     def __init__(self, workspace: str, session_id: str, metadata: SessionMetadata):
         self.workspace = os.path.abspath(workspace)
@@ -67,6 +92,10 @@ class Session:
         self.metadata = metadata
         self._work: WorkArea | None = None
         self._once: OnceIndex | None = None   # the bus's dedupe keys, read as needed
+
+    def runs_here(self) -> bool:
+        """Whether its engine runs on this machine (its pid means a process here)."""
+        return True
 
     @property
     def work(self) -> WorkArea:
@@ -305,6 +334,11 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
            limits: Limits | None = None, config_path: str | None = None,
            config_snapshot: str | None = None, git: GitInfo | None = None) -> Session:
     """Make a session directory whole, or not at all: built aside, then renamed in."""
+    database = _database(workspace)
+    if database is not None:
+        return database.create(objective, now=now, session_id=session_id, limits=limits,
+                               config_path=config_path, config_snapshot=config_snapshot,
+                               git=git)
     session_id = check_id(session_id) if session_id else new_session_id(now)
     try:
         check_state_dir(workspace)
@@ -359,6 +393,9 @@ def _record_workspace(workspace: str) -> None:
 def load(workspace: str, session_id: str) -> Session:
     """Read and validate a session's metadata (strict: a bad file is BadInput, untouched)."""
     check_id(session_id)
+    database = _database(workspace)
+    if database is not None:
+        return database.load(session_id)
     path = os.path.join(sessions_root(workspace), session_id, METADATA_FILE)
     if os.path.islink(os.path.dirname(path)):   # planted: every read would leave the workspace
         raise BadInput(f"{os.path.dirname(path)}: a symlink, not a session; refused")
@@ -381,6 +418,9 @@ def load_work_area(work_dir: str) -> Session:
 
 
 def list_ids(workspace: str) -> list[str]:
+    database = _database(workspace)
+    if database is not None:   # the fleet's: every machine's sessions
+        return database.ids()
     root = sessions_root(workspace)
     try:
         names = os.listdir(root)
@@ -389,6 +429,15 @@ def list_ids(workspace: str) -> list[str]:
     return sorted(n for n in names if ID_PATTERN.fullmatch(n)
                   and not os.path.islink(os.path.join(root, n))
                   and os.path.isfile(os.path.join(root, n, METADATA_FILE)))
+
+
+def _saved_at(workspace: str, sid: str) -> float:
+    if store_url() is None:
+        return os.path.getmtime(os.path.join(sessions_root(workspace), sid, METADATA_FILE))
+    try:
+        return load(workspace, sid).metadata.updated_at.timestamp()
+    except BadInput:
+        return 0.0
 
 
 def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False) -> str:
@@ -407,8 +456,8 @@ def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool
     if len(open_ids) == 1:
         return open_ids[0]
     if not open_ids and newest_if_none_open and list_ids(workspace):
-        return max(list_ids(workspace), key=lambda sid: os.path.getmtime(
-            os.path.join(sessions_root(workspace), sid, METADATA_FILE)))
+        return max(list_ids(workspace), key=lambda sid: _saved_at(workspace, sid))
     if not open_ids:
-        raise BadInput(f"no open session in {sessions_root(workspace)}; name one with --session")
+        where = sessions_root(workspace) if store_url() is None else "the store"
+        raise BadInput(f"no open session in {where}; name one with --session")
     raise BadInput(f"several open sessions ({', '.join(open_ids)}); name one with --session")
