@@ -9,18 +9,42 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from ._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
 from ._changes import Change, change_at, watch_paths
 from ._errors import BadInput
 from ._events import events_after, last_seq
 from ._handles import SessionQuestions
-from ._session import Session, check_id, list_ids, load, sessions_root
+from ._session import Session, check_id, list_ids, load, sessions_root, store_url
+
+if TYPE_CHECKING:
+    from ._interface import Held
+
+
+def open_sessions(workspace: str) -> "Sessions":
+    """The sessions a channel serves: the workspace's, or on a fleet's database (the
+    store's URL) every machine's."""
+    url = store_url()
+    if url is None:
+        return Sessions(workspace)
+    from ._postgres import PostgresSessions
+    return PostgresSessions(url, workspace)   # type: ignore[return-value]
+
+
+def open_channel(workspace: str, channel: str) -> "ChannelFiles":
+    """A channel's state and lock: the workspace's files, or the fleet's rows."""
+    url = store_url()
+    if url is None:
+        return ChannelFiles(workspace, channel)
+    from ._postgres import PostgresChannel
+    return PostgresChannel(workspace, channel, url)
 
 
 class Sessions:
     """A workspace's sessions, by id."""
+
+    shared = False   # its changes are the files' (a database's are heard from it)
 
     def __init__(self, workspace: str):
         self.workspace = workspace
@@ -98,10 +122,7 @@ class ChannelFiles:
         self._root = sessions_root(workspace)
         self.dir = os.path.join(self._root, "." + check_id(channel, "channel"))
         self._lock = self.dir + ".lock"
-
-    @property
-    def state_path(self) -> str:
-        return os.path.join(self.dir, self.STATE_FILE)
+        self.state_path = os.path.join(self.dir, self.STATE_FILE)   # (named in messages)
 
     def read_state(self) -> bytes | None:
         """None when there is none yet; a symlink in its place is refused (OSError)."""
@@ -114,7 +135,7 @@ class ChannelFiles:
         make_dirs(self.dir)
         write_atomic(self.state_path, text, kind)
 
-    def try_lock(self) -> "HeldLock | None":
+    def try_lock(self) -> "Held | None":
         """The channel's workspace lock (`release()` lets go, and so does the holder's
         death), or None when another process holds it. It names the holder's pid."""
         make_dirs(self._root)

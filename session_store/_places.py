@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+from ._errors import BadInput
+
 WORK_DIR = ".ralph-sessions"
 
 
@@ -76,3 +78,16 @@ def check_state_dir(workspace: str) -> None:
         raise StateDirInWorkspace(
             f"the state directory {state} lies inside the workspace {real}, where agents "
             f"write; set RALPH_STATE_DIR (or XDG_STATE_HOME) to a directory outside it")
+
+
+def store_url() -> str | None:
+    """The fleet's database, when sessions live in one ($RALPH_STORE_URL, a
+    `postgresql://` URL; its password in ~/.pgpass or $PGPASSWORD, never in a file of
+    ralph's): every verb below goes to it. None: the workspace's files (the default)."""
+    url = os.environ.get("RALPH_STORE_URL", "").strip()
+    if not url:
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput(f"$RALPH_STORE_URL: expected a postgresql:// URL, got "
+                       f"{url.split(':', 1)[0][:20]!r}")
+    return url

@@ -9,31 +9,28 @@ import shutil
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._atomic import (disk, fsync_dir, make_dirs, open_private, read_nofollow,
-                      temp_name, unlink_quietly, write_atomic)
+from ._atomic import (fsync_dir, make_dirs, read_nofollow,
+                      write_atomic)
 from ._work import WorkArea
 from ._codec import structure, unstructure
-from ._errors import BadInput, DiskFault, StaleMetadata, UnknownSession
+from ._errors import BadInput, StaleMetadata, UnknownSession
 from ._events import (EventReader, OnceIndex, append_event, append_once, backwards,
                       events_after, last_event, last_seq, tail_events)
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import GitInfo, Limits, SessionMetadata
-from ._places import StateDirInWorkspace, check_state_dir, control_root, work_root
+from ._faults import DiskFaults
+from ._places import (StateDirInWorkspace, check_state_dir, control_root, store_url,
+                      work_root)
 from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
 if TYPE_CHECKING:
-    from ._handles import SessionQuestions, SessionSignals
-    from ._lock import Lease
-    from ._watch import Watching
+    from ._interface import BusReader, Held, Questions, Signals, Wakeups
 
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
 SCRATCHPAD_FILE = "scratchpad.md"
-RESERVE_FILE = "disk-reserve"        # room kept aside to record a full disk
-RESERVE_BYTES = 64 * 1024
 MAX_SCRATCHPAD_BYTES = 1 << 20    # what of it is read (agents may write it without end)
-DISK_FAULT_FILE = "disk-fault.yaml"  # why the engine stopped: its disk refused a write
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SESSION_SUBDIRS = ("signals/inputs", "signals/processed", "signals/rejected",
                    "questions", "answers", "iterations")
@@ -47,19 +44,6 @@ def check_id(value: str, what: str = "session id") -> str:
 
 def new_session_id(now: datetime) -> str:
     return f"{now.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
-
-
-def store_url() -> str | None:
-    """The fleet's database, when sessions live in one ($RALPH_STORE_URL, a
-    `postgresql://` URL; its password in ~/.pgpass or $PGPASSWORD, never in a file of
-    ralph's): every verb below goes to it. None: the workspace's files (the default)."""
-    url = os.environ.get("RALPH_STORE_URL", "").strip()
-    if not url:
-        return None
-    if not url.startswith(("postgresql://", "postgres://")):
-        raise BadInput(f"$RALPH_STORE_URL: expected a postgresql:// URL, got "
-                       f"{url.split(':', 1)[0][:20]!r}")
-    return url
 
 
 def _database(workspace: str | None):
@@ -76,7 +60,7 @@ def sessions_root(workspace: str) -> str:
     return control_root(workspace)
 
 
-class Session:
+class Session(DiskFaults):
     """One session, behind verbs. `dir` is its control plane, the file backend's address of
     it (nothing above the store passes it back: `questions`, `signals` and the lease are
     verbs here); `work_dir` is its work area, which agents get (RALPH_SESSION_DIR).
@@ -128,12 +112,12 @@ class Session:
     # --- its questions and signals, its run's lease ---
 
     @property
-    def questions(self) -> "SessionQuestions":
+    def questions(self) -> "Questions":
         from ._handles import SessionQuestions
         return SessionQuestions(self)
 
     @property
-    def signals(self) -> "SessionSignals":
+    def signals(self) -> "Signals":
         from ._handles import SessionSignals
         return SessionSignals(self)
 
@@ -142,7 +126,7 @@ class Session:
         from ._lock import running_pid
         return running_pid(self.dir)
 
-    def acquire_lease(self, wait_seconds: float = 0.2) -> "Lease":
+    def acquire_lease(self, wait_seconds: float = 0.2) -> "Held":
         """One engine per session: held for the engine's lifetime, else SessionLocked."""
         from ._lock import acquire
         return acquire(self.dir, self.id, wait_seconds)
@@ -155,7 +139,7 @@ class Session:
         return append_event(self.dir, topic, payload, source=source, iteration=m.iteration,
                             state=m.orchestrator.state.value, ts=ts, run=run, via=via)
 
-    def reader(self) -> EventReader:
+    def reader(self) -> "BusReader":
         """An incremental reader of what is appended from now on."""
         return EventReader(self.dir, None)
 
@@ -194,7 +178,7 @@ class Session:
 
     # --- wakeups (a database backend would use its own notifications) ---
 
-    def subscribe(self, wakeup) -> "Watching":
+    def subscribe(self, wakeup) -> "Wakeups":
         """Set `wakeup` when something the engine acts on lands: a signal, a question or
         an answer in the control plane, a line in the work area's outbox (what agents
         send, as it lands). Calling the result stops it; its `failed` says why no
@@ -204,7 +188,7 @@ class Session:
         files, paths, trees = engine_watch_paths(self.dir, self.work_dir)
         return watch(paths, wakeup, trees=trees, files=files)
 
-    def follow(self, wakeup) -> "Watching":
+    def follow(self, wakeup) -> "Wakeups":
         """Set `wakeup` when the bus grows (and at other writes beside it)."""
         from ._watch import watch
         return watch([self.dir], wakeup)
@@ -272,52 +256,6 @@ class Session:
             f"- created: {m.created_at.isoformat()}\n"
             f"- completed: {m.completed_at.isoformat() if m.completed_at else '-'}\n"),
             "summary")
-
-    # --- a disk that refuses writes ---
-
-    def keep_reserve(self) -> None:
-        """Set room aside on the session's disk (a small allocated file), given back when
-        the disk fills so that the engine can still record why it stopped."""
-        path = os.path.join(self.dir, RESERVE_FILE)
-        try:
-            if os.stat(path).st_size >= RESERVE_BYTES:
-                return
-        except OSError:
-            pass
-        tmp = temp_name(path)
-        try:
-            fd = open_private(tmp)
-            try:
-                os.posix_fallocate(fd, 0, RESERVE_BYTES)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError:          # no room for it: nothing is kept aside
-            unlink_quietly(tmp)
-
-    def release_reserve(self) -> None:
-        unlink_quietly(os.path.join(self.dir, RESERVE_FILE))
-
-    def mark_disk_fault(self, fault: DiskFault, now: datetime) -> None:
-        """Record why the engine stopped; views show the session paused for it."""
-        write_atomic(os.path.join(self.dir, DISK_FAULT_FILE), dump_plain(
-            {"reason": str(fault), "path": fault.path, "errno": fault.errno,
-             "at": now.isoformat()}), "disk-fault")
-
-    def disk_fault(self) -> dict | None:
-        path = os.path.join(self.dir, DISK_FAULT_FILE)
-        try:
-            fault = parse_yaml(read_nofollow(path), path)
-        except (OSError, BadInput):
-            return None
-        return fault if isinstance(fault, dict) else None
-
-    def clear_disk_fault(self) -> None:
-        path = os.path.join(self.dir, DISK_FAULT_FILE)
-        if os.path.lexists(path):
-            with disk(path):
-                os.unlink(path)
-                fsync_dir(self.dir)
 
 
 def _revision_on_disk(path: str) -> int | None:

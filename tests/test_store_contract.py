@@ -22,7 +22,7 @@ import pytest
 
 from support import REPO
 import session_store
-from session_store import append_event, create, load
+from session_store import create, load
 from session_store._events import complete_size   # the file backend's own (FileStore)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
@@ -57,10 +57,10 @@ class FileStore:
 
     def sessions(self):
         """The workspace's sessions as a channel sees them (by id, buses by seq)."""
-        return session_store.Sessions(str(self.workspace))
+        return session_store.open_sessions(str(self.workspace))
 
     def channel_files(self, channel: str):
-        return session_store.ChannelFiles(str(self.workspace), channel)
+        return session_store.open_channel(str(self.workspace), channel)
 
     def torn(self, session) -> bool:
         """Whether the bus ends in a torn line."""
@@ -68,28 +68,20 @@ class FileStore:
         return complete_size(session.dir) < os.path.getsize(path)
 
 
-class PostgresStore:
-    """The PostgreSQL backend: rows in a database of the test's own (a schema)."""
+class PostgresStore(FileStore):
+    """The PostgreSQL backend, chosen as a user chooses it ($RALPH_STORE_URL): the same
+    verbs, over a database of the test's own (a schema)."""
 
     name = "postgres"
     torn_lines = False   # a transaction commits whole or not at all
 
     def __init__(self, tmp_path, request):
-        from session_store._postgres import PostgresSessions
+        super().__init__(tmp_path, request)
         self.url = request.getfixturevalue("postgres_url")
-        self.workspace = tmp_path / "ws"
-        self.workspace.mkdir()
-        self._sessions = PostgresSessions(self.url, str(self.workspace))
-
-    def new(self, sid: str = "s1"):
-        return self._sessions.create("contract", now=NOW, session_id=sid)
-
-    def reopen(self, session):
-        from session_store._postgres import PostgresSessions
-        return PostgresSessions(self.url).load(session.id)
+        request.getfixturevalue("monkeypatch").setenv("RALPH_STORE_URL", self.url)
 
     def spec(self, session) -> dict:
-        return {"backend": self.name, "url": self.url, "id": session.id}
+        return {**super().spec(session), "url": self.url}
 
     def tear(self, session, key: str) -> None:
         """A writer killed inside its transaction, its keyed row inserted, not committed."""
@@ -97,14 +89,6 @@ class PostgresStore:
                             key, "in_transaction"], env={**os.environ, "PYTHONPATH": str(REPO)},
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr)
-
-    def sessions(self):
-        from session_store._postgres import PostgresSessions
-        return PostgresSessions(self.url, str(self.workspace))
-
-    def channel_files(self, channel: str):
-        from session_store._postgres import PostgresChannel
-        return PostgresChannel(self.url, channel)
 
     def torn(self, session) -> bool:
         return False
@@ -239,10 +223,7 @@ def _race(spec: dict, keys: list[str], barrier, results) -> None:
 
 
 def _open(spec: dict):
-    if spec["backend"] == "file":
-        return load(spec["workspace"], spec["id"])
-    from session_store._postgres import PostgresSessions
-    return PostgresSessions(spec["url"]).load(spec["id"])
+    return load(spec["workspace"], spec["id"])   # (the store's URL is in the environment)
 
 
 def test_concurrent_processes_one_wins_each_key(store):
@@ -311,14 +292,14 @@ print(session.once(key, "killed", {"point": point}))
 PG_CHILD = r"""
 import json, os, signal, sys
 spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-from session_store import _postgres
+from session_store._postgres import _db, _sessions
 
 def die(*_args, **_kwargs):
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
-session = _postgres.PostgresSessions(spec["url"]).load(spec["id"])
-real_write = _postgres.Database.write
+session = _sessions.PostgresSessions(os.environ["RALPH_STORE_URL"]).load(spec["id"])
+real_write = _db.Database.write
 
 def committed(self, fn):
     real_write(self, fn)
@@ -327,9 +308,9 @@ def committed(self, fn):
 if point == "before":
     die()
 elif point == "in_transaction":
-    _postgres._notify = die
+    _sessions._notify = die
 elif point == "committed":
-    _postgres.Database.write = committed
+    _db.Database.write = committed
 print(session.once(key, "killed", {"point": point}))
 """
 

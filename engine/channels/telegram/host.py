@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Callable
 
-from session_store import BadInput, ChannelFiles, HeldLock, Sessions
+from session_store import BadInput, Held, open_channel, open_sessions
 
 from .commands import Commands
 from .inbox import Inbox
@@ -36,7 +36,7 @@ class Channel:
         self.settings = settings
         self.primary = primary
         self.log = Log(settings.token, log)
-        self.files = ChannelFiles(self.ws, CHANNEL)
+        self.files = open_channel(self.ws, CHANNEL)
         self._stop = threading.Event()
         self._done = threading.Event()   # not Thread.join: a ^C inside join() can leave the
         self._thread: threading.Thread | None = None   # Thread marked stopped (CPython 3.11)
@@ -89,7 +89,7 @@ class Channel:
         self._loop = asyncio.get_running_loop()
         if self._stop.is_set():
             return
-        state = await asyncio.to_thread(BotState.load, self.files, Sessions(self.ws), self.log)
+        state = await asyncio.to_thread(BotState.load, self.files, open_sessions(self.ws), self.log)
         transport = Transport(self.settings.token, self.settings.api_url, self.log, self._sleep)
         chats = self.settings.chats
         outbox = Outbox(self.ws, chats, transport, state, self.log, primary=self.primary,
@@ -146,7 +146,7 @@ class EngineHost:
                  log: Callable[[str], None] = stderr_log):
         self.ws, self.settings, self.primary, self._log = workspace, settings, primary, log
         self._stop = threading.Event()
-        self._lock: HeldLock | None = None
+        self._lock: Held | None = None
         self.channel: Channel | None = None
         self._standby: threading.Thread | None = None
 
@@ -158,7 +158,7 @@ class EngineHost:
 
     def _take(self) -> bool:
         try:
-            lock = ChannelFiles(self.ws, CHANNEL).try_lock()
+            lock = open_channel(self.ws, CHANNEL).try_lock()
         except OSError as e:
             self._log(f"cannot take the bot lock ({e.strerror})")
             return True  # do not retry
@@ -217,7 +217,7 @@ def start_for_session(workspace: str, session_id: str, config,
 
 def run_foreground(workspace: str, found: Settings) -> int:
     """`ralph bot run`: serve every session of the workspace until ^C / SIGTERM."""
-    files = ChannelFiles(workspace, CHANNEL)
+    files = open_channel(workspace, CHANNEL)
     lock = files.try_lock()
     if lock is None:
         raise BadInput(f"the Telegram bot of {workspace} runs already "

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import BadInput, Sessions, Status, questions
+from session_store import BadInput, Status, open_sessions, questions
 
 from .settings import Log
 from .state import BotState
@@ -48,7 +48,7 @@ class Outbox:
     def __init__(self, workspace: str, chats: list[int], transport: Transport, state: BotState,
                  log: Log, *, stopping: Callable[[], bool], primary: str | None = None):
         self.ws = workspace
-        self.sessions = Sessions(workspace)
+        self.sessions = open_sessions(workspace)
         self.chats = chats
         self.transport = transport
         self.state = state

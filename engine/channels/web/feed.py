@@ -23,7 +23,7 @@ import hashlib
 import os
 import stat
 
-from session_store import Session, sessions_root, work_root
+from session_store import Session, open_sessions, sessions_root, work_root
 
 from . import reads
 from .reads import Problem, dumps
@@ -62,10 +62,16 @@ class Feed:
         self._watched: tuple[list[str], list[str]] | None = None
         self._rewatching: asyncio.Task | None = None
         self._waiters: set[asyncio.Event] = set()
+        self._stop_listening = None   # a fleet's database: its changes are its NOTIFYs
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self._rewatch()
+        sessions = open_sessions(self.workspace)
+        if sessions.shared:
+            wakeup = _Wakeup(self)
+            self._stop_listening = await asyncio.to_thread(
+                sessions.watch, lambda _change: wakeup.set())
 
     async def close(self) -> None:
         self.closed = True
@@ -75,6 +81,9 @@ class Feed:
         if self._stop_watching is not None:
             await asyncio.to_thread(self._stop_watching)
             self._stop_watching = None
+        if self._stop_listening is not None:
+            await asyncio.to_thread(self._stop_listening)
+            self._stop_listening = None
 
     def take_stream(self):
         """Count one more open stream and return what ends it; Problem 503 when

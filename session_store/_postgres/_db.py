@@ -1,0 +1,243 @@
+"""The database under the PostgreSQL store: its schema (versioned, migrated on open),
+one shared connection per process reopened with backoff, writes exactly once across a
+lost connection, and the names a fleet shares (lock keys, NOTIFY payloads)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psycopg
+
+from .._errors import BadInput
+
+CHANNEL = "ralph_changes"          # LISTEN/NOTIFY channel: {"s": id, "w": what, "q": qid}
+RECONNECT_SECONDS = 30.0           # how long a lost database is waited for, with backoff
+MIGRATIONS: list[tuple[int, str]] = [(1, """
+CREATE TABLE ralph_sessions (
+    id text PRIMARY KEY,
+    workspace text NOT NULL,
+    machine text NOT NULL,
+    revision bigint NOT NULL,
+    metadata text NOT NULL,
+    config_snapshot bytea,
+    last_seq bigint NOT NULL DEFAULT 0,
+    guidance text NOT NULL DEFAULT '[]',
+    created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE ralph_events (
+    session_id text NOT NULL REFERENCES ralph_sessions ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    once text,
+    record text NOT NULL,
+    PRIMARY KEY (session_id, seq),
+    UNIQUE (session_id, once));
+CREATE TABLE ralph_questions (
+    session_id text NOT NULL REFERENCES ralph_sessions ON DELETE CASCADE,
+    id text NOT NULL,
+    question text NOT NULL,
+    undeliverable text,
+    PRIMARY KEY (session_id, id));
+CREATE TABLE ralph_answers (
+    session_id text NOT NULL,
+    question_id text NOT NULL,
+    answer text NOT NULL,
+    PRIMARY KEY (session_id, question_id),
+    FOREIGN KEY (session_id, question_id) REFERENCES ralph_questions ON DELETE CASCADE);
+CREATE TABLE ralph_signals (
+    session_id text NOT NULL REFERENCES ralph_sessions ON DELETE CASCADE,
+    name text NOT NULL,
+    raw bytea NOT NULL,
+    state text NOT NULL DEFAULT 'waiting'
+        CHECK (state IN ('waiting', 'taken', 'handled', 'rejected')),
+    outcome text,
+    PRIMARY KEY (session_id, name));
+CREATE TABLE ralph_leases (
+    session_id text PRIMARY KEY REFERENCES ralph_sessions ON DELETE CASCADE,
+    pid integer NOT NULL,
+    machine text NOT NULL,
+    backend_pid integer NOT NULL);
+CREATE TABLE ralph_channels (
+    channel text PRIMARY KEY,
+    state bytea NOT NULL);
+CREATE TABLE ralph_commits (
+    token uuid PRIMARY KEY,
+    result text,
+    at timestamptz NOT NULL DEFAULT now());
+""")]
+_MIGRATION_LOCK = 0x7261_6C70_6800   # "ralph" + 0: one migrator at a time
+
+
+def this_machine() -> str:
+    """This machine's name in the fleet: $RALPH_MACHINE, else its host name."""
+    return os.environ.get("RALPH_MACHINE") or socket.gethostname()
+
+
+def _lock_key(kind: str, name: str) -> int:
+    """A 64-bit advisory lock key for one session's lease or one channel's lock."""
+    digest = hashlib.blake2b(f"ralph:{kind}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages (credentials never reach a line)."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "the store URL"
+    host = info.get("host", "localhost")
+    return f"postgresql://{info.get('user', '')}@{host}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+class StoreUnreachable(BadInput):
+    """The database did not answer within RECONNECT_SECONDS: one line, the engine pauses
+    resumably (nothing half-written: a transaction is whole or absent)."""
+
+
+class Database:
+    """One connection to the store's database, shared by a process's handles, reopened
+    with backoff when lost. `write(fn)` runs fn(cursor) in a transaction, exactly once."""
+
+    def __init__(self, url: str, *, reconnect_seconds: float = RECONNECT_SECONDS):
+        self.url = url
+        self.reconnect_seconds = reconnect_seconds
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection | None = None
+        self._pid = os.getpid()
+        self._connect()
+        self._migrate()
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection:
+        """A new connection of its own (a lease, a listener), with backoff."""
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.05
+        while True:
+            try:
+                return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=5)
+            except psycopg.OperationalError as e:
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnreachable(f"{shown_url(self.url)}: the store's database does "
+                                           f"not answer ({_first_line(e)})") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _connect(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._pid != os.getpid():
+            self._conn, self._pid = self.connect(), os.getpid()
+        return self._conn
+
+    def _migrate(self) -> None:
+        conn = self._connect()
+        with conn.transaction():
+            cur = conn.cursor()
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute("CREATE TABLE IF NOT EXISTS ralph_schema (version integer PRIMARY KEY, "
+                        "applied_at timestamptz NOT NULL DEFAULT now())")
+            current = scalar(cur, "SELECT coalesce(max(version), 0) FROM ralph_schema")
+            for version, sql in MIGRATIONS:
+                if version > current:
+                    cur.execute(sql)
+                    cur.execute("INSERT INTO ralph_schema (version) VALUES (%s)", (version,))
+
+    def read(self, fn):
+        """fn(cursor) in a read-only transaction; retried on a lost connection."""
+        return self._run(fn, None)
+
+    def write(self, fn):
+        """fn(cursor) in a transaction, exactly once even when the connection is lost
+        while committing (its token says, on retry, whether it committed and with what)."""
+        return self._run(fn, uuid.uuid4())
+
+    def _run(self, fn, token):
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.05
+        with self._lock:
+            while True:
+                try:
+                    conn = self._connect()
+                    if token is not None:
+                        found = conn.execute("SELECT result FROM ralph_commits WHERE token = %s",
+                                             (token,)).fetchone()
+                        if found is not None:   # committed before the connection was lost
+                            return json.loads(found[0])
+                    with conn.transaction():
+                        cur = conn.cursor()
+                        result = fn(cur)
+                        if token is not None:
+                            cur.execute("INSERT INTO ralph_commits (token, result) "
+                                        "VALUES (%s, %s)", (token, json.dumps(result)))
+                    return result
+                except psycopg.OperationalError as e:
+                    if self._conn is not None and not self._conn.closed \
+                            and not self._conn.broken:
+                        raise   # the statement failed, not the connection
+                    self._conn = None
+                    if time.monotonic() + delay > deadline:
+                        raise StoreUnreachable(f"{shown_url(self.url)}: the store's database "
+                                               f"does not answer ({_first_line(e)})") from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+
+def scalar(on, sql: str, params: tuple = ()):
+    """The one value a query returns (`on`: a connection or a cursor)."""
+    row = on.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return row[0]
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _notify(cur, session: str, what: str, question: str | None = None) -> None:
+    payload = {"s": session, "w": what, **({"q": question} if question else {})}
+    cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(payload)))
+
+
+_databases: dict[str, Database] = {}
+_databases_lock = threading.Lock()
+
+
+def database(url: str) -> Database:
+    """The process's connection to `url` (one per process, shared by its handles)."""
+    with _databases_lock:
+        db = _databases.get(url)
+        if db is None or db._pid != os.getpid():
+            db = _databases[url] = Database(url)
+        return db
+
+
+
+
+class HeldByConnection:
+    """An advisory lock held by a connection of its own: `release()` lets go at once (a
+    closed connection's backend lets go only when it has exited), and the holder's death
+    lets go too (its connection ends)."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self._conn = conn
+
+    def held(self) -> bool:
+        """Whether it still holds (its connection lives: a restarted database ended it)."""
+        try:
+            self._conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def release(self) -> None:
+        try:
+            self._conn.execute("SELECT pg_advisory_unlock_all()")
+        except psycopg.Error:   # the connection is gone, and the lock with it
+            pass
+        self._conn.close()
