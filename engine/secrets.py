@@ -1,5 +1,5 @@
 """ralph's own secrets (the Telegram bot token, the web view's token, any RALPH_*_TOKEN,
-_KEY, _SECRET, _PASSWORD, the store's URL): never in an agent's environment, argv or a
+_KEY, _SECRET, _PASSWORD, the store's URL and its password): never in an agent's environment, argv or a
 file an agent can read, and not readable from the engine's /proc/<pid>/environ either.
 
 /proc/<pid>/environ shows the environment block the process was started with, and any
@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "STORE_URL")
+# where libpq finds the store's password beside its URL (~/.pgpass is a file the user keeps)
+_STORE_CREDENTIALS = ("PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE")
 
 
 def secret(name: str) -> bool:
-    """A variable of ralph's own that no agent gets."""
-    return name.startswith("RALPH_") and any(word in name for word in _SECRET_WORDS)
+    """A variable of ralph's own (or of its store's) that no agent gets."""
+    return name in _STORE_CREDENTIALS or (
+        name.startswith("RALPH_") and any(word in name for word in _SECRET_WORDS))
 
 
 def hide_from_proc() -> int:

@@ -1,0 +1,132 @@
+"""A fleet on one PostgreSQL store ($RALPH_STORE_URL): engines of two machines (their own
+state directories, workspaces and names), seen, answered, signalled and resumed from a
+third directory with no sessions of its own; the engine's faults against the database
+(kill -9 of the engine, of its database backend, the database restarting mid-run)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from support import (DONE, EVIDENCE, base_env, finish, plan, ralph, wait_for, write_config,
+                     write_scenario)
+from support import start as start_demo
+
+ASKS = [plan("t1"),
+        {"role": "executor", "attempt": 1, "emit": [
+            {"topic": "human.interact", "json": {"text": "Which database?",
+                                                 "options": ["postgres", "sqlite"]}}]},
+        *DONE]
+SLEEPS = [plan("t1", "t2"),
+          {"role": "executor", "task": "t1", "attempt": 1, "sleep": 60,
+           "emit": [{"topic": "build.done", "payload": EVIDENCE}]}, *DONE]
+
+
+class Machine:
+    """One machine of the fleet: its name, state directory and workspace (a directory of
+    the test's), all on the test's database."""
+
+    def __init__(self, tmp_path, url: str, name: str, **env):
+        self.name = name
+        self.ws = tmp_path / name / "ws"
+        self.ws.mkdir(parents=True)
+        self.env = base_env(RALPH_STORE_URL=url, RALPH_STATE_DIR=tmp_path / name / "state",
+                            RALPH_MACHINE=name, **env)
+
+    def ralph(self, *args, timeout: float = 120):
+        return ralph(self.ws, *args, env=self.env, timeout=timeout)
+
+    def start(self, steps, sid: str, config: dict | None = None):
+        return start_demo(self.ws, steps, sid=sid, config=config, env=self.env)
+
+    def view(self, sid: str) -> dict:
+        r = self.ralph("session", "status", sid, "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def view_when_there(self, sid: str) -> dict:
+        """Its view, or {} while the session is not made yet."""
+        r = self.ralph("session", "status", sid, "--json")
+        assert r.returncode == 0 or "unknown session" in r.stderr, r.stderr
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def topics(self, sid: str) -> list[str]:
+        r = self.ralph("session", "tail", sid, "-n", "500", "--json")
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line)["topic"] for line in r.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def fleet(tmp_path, postgres_url):
+    return lambda name, **env: Machine(tmp_path, postgres_url, name, **env)
+
+
+def test_two_machines_listed_answered_signalled_and_resumed_from_a_third(fleet):
+    alpha, beta, desk = fleet("alpha"), fleet("beta", RALPH_DEMO_SLEEP_SCALE=1), fleet("desk")
+    asking = alpha.start(ASKS, "a", {"RObot": {"timeout_seconds": 120}})
+    sleeping = beta.start(SLEEPS, "b")
+    try:
+        wait_for(lambda: desk.view_when_there("a").get("pending_questions"), timeout=60)
+        wait_for(lambda: desk.view_when_there("b").get("state") == "EXECUTING_BATCH",
+                 timeout=60)
+        listed = json.loads(desk.ralph("session", "list", "--json").stdout)
+        where = {v["session_id"]: (v["machine"], v["workspace"]) for v in listed}
+        assert where == {"a": ("alpha", str(alpha.ws)), "b": ("beta", str(beta.ws))}
+        text = desk.ralph("session", "list").stdout
+        assert f"alpha:{alpha.ws}" in text and f"beta:{beta.ws}" in text
+
+        r = desk.ralph("session", "answer", "a", "postgres")
+        assert r.returncode == 0, r.stderr
+        code, out, err = finish(asking)
+        assert code == 0, out + err
+        assert desk.view("a")["status"] == "completed"
+        assert alpha.topics("a").count("human.response") == 1
+
+        r = desk.ralph("signal", "pause", "hold on", "--session", "b")
+        assert r.returncode == 0, r.stderr
+        code, out, err = finish(sleeping)
+        assert code == 3, out + err
+        view = desk.view("b")
+        assert view["status"] == "paused" and view["pause_reason"] == "hold on"
+    finally:
+        for proc in (asking, sleeping):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # a resume runs where the session's workspace is
+    r = desk.ralph("session", "resume", "b")
+    assert r.returncode == 2 and "runs on beta" in r.stderr and "resume it there" in r.stderr
+    beta.env["RALPH_DEMO_SLEEP_SCALE"] = "0"
+    r = beta.ralph("session", "resume", "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert desk.view("b")["status"] == "completed"
+
+
+ENV_DUMP = """
+import os, sys
+print("ENV " + repr(sorted(os.environ.items())), flush=True)
+os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+"""
+
+
+def test_the_stores_credentials_reach_no_agent_and_no_file(fleet, tmp_path):
+    """The URL and the password beside it are ralph's secrets: no agent's environment has
+    them, and no file of the session's (its work area, its local control plane) names them."""
+    machine = fleet("alpha", PGPASSWORD="not-for-agents")
+    scenario = write_scenario(machine.ws, [plan("t1"), *DONE])
+    (machine.ws / "agent.py").write_text(ENV_DUMP)
+    write_config(machine.ws, {"agent": {"backend": "command", "command": [
+        sys.executable, str(machine.ws / "agent.py"), str(scenario)]}})
+    r = machine.ralph("session", "start", "objective", "--id", "s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    url = machine.env["RALPH_STORE_URL"]
+    dumps = 0
+    for root in (machine.ws, tmp_path / "alpha" / "state"):
+        for path in root.rglob("*"):
+            if path.is_file():
+                text = path.read_text(errors="replace")
+                dumps += "ENV [" in text
+                assert url not in text and "not-for-agents" not in text, path
+                assert "RALPH_STORE_URL" not in text and "PGPASSWORD" not in text, path
+    assert dumps >= 3   # every run printed its environment into its log
