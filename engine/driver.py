@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from session_store import DiskFault, PauseKind, Session, State, Status
+from session_store import DiskFault, PauseKind, Session, State, Status, StoreUnreachable
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -144,16 +144,20 @@ class Engine:
                 self.session.clear_disk_fault()
                 self.session.keep_reserve()
                 self.inlet.start()
-                return self._run(resume)
+                return self._run(resume, lease)
             except DiskFault as fault:
                 return self._stopped_by_disk(fault)
+            except StoreUnreachable as e:   # nothing to record it in: the console says it
+                self.say(f"paused: {e}; once it answers: ralph session resume "
+                         f"{self.session.id}")
+                return 3
             finally:
                 self.inlet.stop()
         finally:
             self.lock.release()
             lease.release()
 
-    def _run(self, resume: bool) -> int:
+    def _run(self, resume: bool, lease) -> int:
         self.console.start()
         # a dead engine's runs may have left processes (tools in sessions of their own
         # outlive a SIGKILL'd CLI): none of them goes on, nor is heard
@@ -182,6 +186,7 @@ class Engine:
                 self.desk.note_resumed()
                 self.fire(Next(Trigger.RESUME, "ralph session resume"))
             while self.current not in (State.COMPLETE, State.PAUSED):
+                lease.keep()   # (a database's lease ends with a lost connection)
                 limit = limit_reached(self.tracker)
                 if limit is not None:
                     self.fire(limit)

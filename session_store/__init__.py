@@ -7,7 +7,7 @@ from importlib import import_module
 
 _WHERE = {
     "BadInput": "_errors", "SessionLocked": "_errors", "RunOver": "_errors", "DiskFault": "_errors",
-    "StaleMetadata": "_errors",
+    "StaleMetadata": "_errors", "StoreUnreachable": "_errors",
     "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
     "QuestionCancelled": "_errors",
     "Lease": "_lock",

@@ -19,6 +19,11 @@ class StaleMetadata(BadInput):
     written (the store's compare-and-set; under the run lease it never happens)."""
 
 
+class StoreUnreachable(BadInput):
+    """The store's database did not answer within its reconnect window: one line, and the
+    engine stops resumably (nothing half-written: a transaction is whole or absent)."""
+
+
 class UnknownSession(BadInput):
     """No session of that id in the workspace."""
 

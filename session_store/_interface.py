@@ -32,6 +32,14 @@ class Held(Protocol):
     def release(self) -> None: ...
 
 
+class Lease(Held, Protocol):
+    """The engine's hold on its session."""
+
+    def keep(self) -> None:
+        """Still held, else taken again; SessionLocked when another engine took it (the
+        database ended it with a lost connection, and another engine was quicker)."""
+
+
 class Questions(Protocol):
     """A session's human questions and their one answer each."""
 

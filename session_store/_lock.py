@@ -49,6 +49,9 @@ class Lease:
         self.session_dir = session_dir
         self._fd = fd
 
+    def keep(self) -> None:
+        """A flock ends only with its holder: still held."""
+
     def release(self) -> None:
         os.close(self._fd)
 

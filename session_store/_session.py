@@ -25,7 +25,7 @@ from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
 if TYPE_CHECKING:
-    from ._interface import BusReader, Held, Questions, Signals, Wakeups
+    from ._interface import BusReader, Lease, Questions, Signals, Wakeups
 
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
@@ -126,7 +126,7 @@ class Session(DiskFaults):
         from ._lock import running_pid
         return running_pid(self.dir)
 
-    def acquire_lease(self, wait_seconds: float = 0.2) -> "Held":
+    def acquire_lease(self, wait_seconds: float = 0.2) -> "Lease":
         """One engine per session: held for the engine's lifetime, else SessionLocked."""
         from ._lock import acquire
         return acquire(self.dir, self.id, wait_seconds)

@@ -38,7 +38,8 @@ def _as_owner(argv: list[str]) -> list[str]:
 
 
 def start(root: str, port: int | None = None) -> str:
-    """Make and start a cluster under `root`; returns its URL (database `ralph`)."""
+    """Make and start a cluster under `root` (or start the one made there before, on
+    `port`); returns its URL (database `ralph`)."""
     where = bindir()
     if where is None:
         raise RuntimeError("PostgreSQL's server is not installed (apt-get install postgresql)")
@@ -50,7 +51,8 @@ def start(root: str, port: int | None = None) -> str:
         os.chmod(root, 0o755)
         for path in (root, sockets):
             os.chown(path, owner.pw_uid, owner.pw_gid)
-    if not os.path.exists(os.path.join(data, "PG_VERSION")):
+    fresh = not os.path.exists(os.path.join(data, "PG_VERSION"))
+    if fresh:
         subprocess.run(_as_owner([f"{where}/initdb", "-D", data, "-U", "ralph", "-A", "trust",
                                   "-E", "UTF8", "--no-instructions"]),
                        check=True, stdout=subprocess.DEVNULL)
@@ -58,9 +60,10 @@ def start(root: str, port: int | None = None) -> str:
     subprocess.run(_as_owner([f"{where}/pg_ctl", "-D", data, "-l", os.path.join(root, "log"),
                               "-o", options, "-w", "start"]),
                    check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(_as_owner([f"{where}/psql", "-h", sockets, "-p", str(port), "-U", "ralph",
-                              "-d", "postgres", "-qc", "CREATE DATABASE ralph"]),
-                   check=True, stdout=subprocess.DEVNULL)
+    if fresh:
+        subprocess.run(_as_owner([f"{where}/psql", "-h", sockets, "-p", str(port), "-U",
+                                  "ralph", "-d", "postgres", "-qc", "CREATE DATABASE ralph"]),
+                       check=True, stdout=subprocess.DEVNULL)
     return f"postgresql://ralph@127.0.0.1:{port}/ralph"
 
 

@@ -5,8 +5,11 @@ third directory with no sessions of its own; the engine's faults against the dat
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
+import psycopg
 import pytest
 
 from support import (DONE, EVIDENCE, base_env, finish, plan, ralph, wait_for, write_config,
@@ -130,3 +133,135 @@ def test_the_stores_credentials_reach_no_agent_and_no_file(fleet, tmp_path):
                 assert url not in text and "not-for-agents" not in text, path
                 assert "RALPH_STORE_URL" not in text and "PGPASSWORD" not in text, path
     assert dumps >= 3   # every run printed its environment into its log
+
+
+# --- faults: the engine, its database backend, the database itself ---
+
+def _wait_running(desk, sid: str) -> dict:
+    return wait_for(lambda: (v := desk.view_when_there(sid)).get("running")
+                    and v.get("state") == "EXECUTING_BATCH" and v, timeout=60)
+
+
+def _transitions_whole(machine, sid: str) -> list[dict]:
+    """The bus read from the store: seqs 1..n, each transition's record once."""
+    r = machine.ralph("session", "tail", sid, "-n", "1000", "--json")
+    records = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert [e["seq"] for e in records] == list(range(1, len(records) + 1))
+    moves = [e for e in records if e["topic"] == "session.transition"]
+    keys = [e.get("once") for e in moves]
+    assert len(keys) == len(set(keys)), keys
+    return moves
+
+
+def test_kill_9_of_an_engine_ends_its_lease_and_resume_goes_on(fleet):
+    beta, desk = fleet("beta", RALPH_DEMO_SLEEP_SCALE=1), fleet("desk")
+    proc = beta.start(SLEEPS, "b")
+    try:
+        view = _wait_running(desk, "b")
+        assert view["engine_pid"] == proc.pid
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        # the lease was the engine's connection: the database ended it with the process
+        view = wait_for(lambda: (v := desk.view("b"))["running"] is False and v, timeout=10)
+        assert view["status"] == "active" and view["state"] == "EXECUTING_BATCH"
+        assert "interrupted" in desk.ralph("session", "status", "b").stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = len(_transitions_whole(beta, "b"))
+    beta.env["RALPH_DEMO_SLEEP_SCALE"] = "0"
+    r = beta.ralph("session", "resume", "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert desk.view("b")["status"] == "completed"
+    assert len(_transitions_whole(beta, "b")) > before
+
+
+def _terminate_backends(url: str, but: int | None = None) -> int:
+    """pg_terminate_backend for every other connection to the test's database (what a
+    killed backend or a restarting pooler does to the engine's connections)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'").fetchone()[0]
+
+
+SHORT_SLEEP = [plan("t1", "t2"),
+               {"role": "executor", "task": "t1", "attempt": 1, "sleep": 3,
+                "emit": [{"topic": "build.done", "payload": EVIDENCE}]}, *DONE]
+
+
+def test_the_engines_database_backends_killed_mid_run(fleet):
+    beta, desk = fleet("beta", RALPH_DEMO_SLEEP_SCALE=1), fleet("desk")
+    proc = beta.start(SHORT_SLEEP, "b")
+    try:
+        _wait_running(desk, "b")
+        assert _terminate_backends(beta.env["RALPH_STORE_URL"]) >= 2   # its store, its lease
+        code, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, out + err
+    assert desk.view("b")["status"] == "completed"
+    assert "Traceback" not in err
+    _transitions_whole(beta, "b")
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of the test's own (the test restarts it)."""
+    import shutil
+    import tempfile
+
+    import postgres_cluster
+    if postgres_cluster.bindir() is None:
+        pytest.skip("PostgreSQL's server is not installed")
+    root = tempfile.mkdtemp(prefix="ralph-test-postgres-")
+    try:
+        yield postgres_cluster.start(root), root
+    finally:
+        postgres_cluster.stop(root, "immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_database_restarting_mid_run(tmp_path, own_cluster):
+    import postgres_cluster
+    url, root = own_cluster
+    beta = Machine(tmp_path, url, "beta", RALPH_DEMO_SLEEP_SCALE=1)
+    proc = beta.start(SHORT_SLEEP, "b")
+    try:
+        _wait_running(beta, "b")
+        postgres_cluster.restart(root)
+        code, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, out + err
+    assert "Traceback" not in err
+    assert beta.view("b")["status"] == "completed"
+    _transitions_whole(beta, "b")
+
+
+def test_a_database_gone_too_long_stops_the_engine_resumably(tmp_path, own_cluster):
+    import postgres_cluster
+    url, root = own_cluster
+    beta = Machine(tmp_path, url, "beta", RALPH_DEMO_SLEEP_SCALE=1,
+                   RALPH_STORE_RECONNECT_SECONDS=2)
+    proc = beta.start(SHORT_SLEEP, "b")
+    try:
+        _wait_running(beta, "b")
+        postgres_cluster.stop(root)
+        code, out, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 3, out + err
+    said = [line for line in (out + err).splitlines() if "does not answer" in line]
+    assert len(said) == 1 and "ralph session resume b" in said[0], out + err
+    assert "Traceback" not in err
+    postgres_cluster.start(root, port=int(url.rsplit(":", 1)[1].split("/")[0]))
+    beta.env["RALPH_DEMO_SLEEP_SCALE"] = "0"
+    r = beta.ralph("session", "resume", "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert beta.view("b")["status"] == "completed"
+    _transitions_whole(beta, "b")

@@ -13,10 +13,10 @@ import uuid
 
 import psycopg
 
-from .._errors import BadInput
+from .._errors import StoreUnreachable
 
 CHANNEL = "ralph_changes"          # LISTEN/NOTIFY channel: {"s": id, "w": what, "q": qid}
-RECONNECT_SECONDS = 30.0           # how long a lost database is waited for, with backoff
+RECONNECT_SECONDS = 30.0   # how long a lost database is waited for, with backoff (by default)
 MIGRATIONS: list[tuple[int, str]] = [(1, """
 CREATE TABLE ralph_sessions (
     id text PRIMARY KEY,
@@ -92,18 +92,14 @@ def shown_url(url: str) -> str:
     return f"postgresql://{info.get('user', '')}@{host}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
-class StoreUnreachable(BadInput):
-    """The database did not answer within RECONNECT_SECONDS: one line, the engine pauses
-    resumably (nothing half-written: a transaction is whole or absent)."""
-
-
 class Database:
     """One connection to the store's database, shared by a process's handles, reopened
     with backoff when lost. `write(fn)` runs fn(cursor) in a transaction, exactly once."""
 
-    def __init__(self, url: str, *, reconnect_seconds: float = RECONNECT_SECONDS):
+    def __init__(self, url: str, *, reconnect_seconds: float | None = None):
         self.url = url
-        self.reconnect_seconds = reconnect_seconds
+        self.reconnect_seconds = reconnect_window() if reconnect_seconds is None \
+            else reconnect_seconds
         self._lock = threading.RLock()
         self._conn: psycopg.Connection | None = None
         self._pid = os.getpid()
@@ -206,6 +202,15 @@ def _notify(cur, session: str, what: str, question: str | None = None) -> None:
 
 _databases: dict[str, Database] = {}
 _databases_lock = threading.Lock()
+
+
+def reconnect_window() -> float:
+    """$RALPH_STORE_RECONNECT_SECONDS, else RECONNECT_SECONDS (a bad value: the default)."""
+    try:
+        seconds = float(os.environ.get("RALPH_STORE_RECONNECT_SECONDS", RECONNECT_SECONDS))
+    except ValueError:
+        return RECONNECT_SECONDS
+    return seconds if 0 <= seconds < 86400 else RECONNECT_SECONDS
 
 
 def database(url: str) -> Database:

@@ -15,9 +15,16 @@ class PostgresLease(HeldByConnection):
     """The engine's hold on a session: a session-level advisory lock on a connection of
     its own. The engine dying closes the connection, which ends the lease."""
 
-    def __init__(self, conn: psycopg.Connection, sid: str):
+    def __init__(self, conn: psycopg.Connection, sid: str, db: Database):
         super().__init__(conn)
-        self.session_id = sid
+        self.session_id, self._db = sid, db
+
+    def keep(self) -> None:
+        """Its connection lost (the database restarted, its backend was killed), the lock
+        went with it: taken again at once, unless another engine was quicker."""
+        if self.held():
+            return
+        self._conn = type(self).take(self._db, self.session_id, 0)._conn
 
     @classmethod
     def take(cls, db: Database, sid: str, wait_seconds: float) -> "PostgresLease":
@@ -35,7 +42,7 @@ class PostgresLease(HeldByConnection):
                      "VALUES (%s, %s, %s, pg_backend_pid()) ON CONFLICT (session_id) DO UPDATE "
                      "SET pid = excluded.pid, machine = excluded.machine, "
                      "backend_pid = excluded.backend_pid", (sid, os.getpid(), this_machine()))
-        return cls(conn, sid)
+        return cls(conn, sid, db)
 
 
 def _lease_holder(db: Database, sid: str) -> int | None:
