@@ -13,6 +13,7 @@ import uuid
 
 import psycopg
 
+from .._atomic import durable_write_done
 from .._errors import StoreUnreachable
 
 CHANNEL = "ralph_changes"          # LISTEN/NOTIFY channel: {"s": id, "w": what, "q": qid}
@@ -137,6 +138,8 @@ class Database:
                 if version > current:
                     cur.execute(sql)
                     cur.execute("INSERT INTO ralph_schema (version) VALUES (%s)", (version,))
+            # a commit's token is asked for only by its own retry, seconds later
+            cur.execute("DELETE FROM ralph_commits WHERE at < now() - interval '1 day'")
 
     def read(self, fn):
         """fn(cursor) in a read-only transaction; retried on a lost connection."""
@@ -150,11 +153,12 @@ class Database:
     def _run(self, fn, token):
         deadline = time.monotonic() + self.reconnect_seconds
         delay = 0.05
+        retry = False
         with self._lock:
             while True:
                 try:
                     conn = self._connect()
-                    if token is not None:
+                    if token is not None and retry:
                         found = conn.execute("SELECT result FROM ralph_commits WHERE token = %s",
                                              (token,)).fetchone()
                         if found is not None:   # committed before the connection was lost
@@ -165,12 +169,14 @@ class Database:
                         if token is not None:
                             cur.execute("INSERT INTO ralph_commits (token, result) "
                                         "VALUES (%s, %s)", (token, json.dumps(result)))
+                    if token is not None:   # (the crash matrix kills right after a commit)
+                        durable_write_done("store", f"postgresql:{fn.__qualname__}")
                     return result
                 except psycopg.OperationalError as e:
                     if self._conn is not None and not self._conn.closed \
                             and not self._conn.broken:
                         raise   # the statement failed, not the connection
-                    self._conn = None
+                    self._conn, retry = None, True
                     if time.monotonic() + delay > deadline:
                         raise StoreUnreachable(f"{shown_url(self.url)}: the store's database "
                                                f"does not answer ({_first_line(e)})") from None
