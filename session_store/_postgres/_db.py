@@ -16,7 +16,10 @@ import psycopg
 from .._atomic import durable_write_done
 from .._errors import StoreUnreachable
 
-CHANNEL = "ralph_changes"          # LISTEN/NOTIFY channel: {"s": id, "w": what, "q": qid}
+# LISTEN/NOTIFY channels, payload {"s": id, "w": what, "q": qid}: the fleet's (what a
+# channel serving every session hears) and each session's own (what its engine hears:
+# an engine is not woken by the other sessions' changes)
+CHANNEL = "ralph_changes"
 RECONNECT_SECONDS = 30.0   # how long a lost database is waited for, with backoff (by default)
 MIGRATIONS: list[tuple[int, str]] = [(1, """
 CREATE TABLE ralph_sessions (
@@ -201,9 +204,15 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def session_channel(sid: str) -> str:
+    """A session's own NOTIFY channel (an identifier of at most 63 bytes, whatever its id)."""
+    return "ralph_s_" + hashlib.blake2b(sid.encode(), digest_size=8).hexdigest()
+
+
 def _notify(cur, session: str, what: str, question: str | None = None) -> None:
-    payload = {"s": session, "w": what, **({"q": question} if question else {})}
-    cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(payload)))
+    payload = json.dumps({"s": session, "w": what, **({"q": question} if question else {})})
+    cur.execute("SELECT pg_notify(%s, %s), pg_notify(%s, %s)",
+                (CHANNEL, payload, session_channel(session), payload))
 
 
 _databases: dict[str, Database] = {}

@@ -20,7 +20,8 @@ from .._metadata import GitInfo, Limits, SessionMetadata
 from .._places import StateDirInWorkspace, check_state_dir
 from .._schema import dump_plain, parse_yaml
 from .._session import SCRATCHPAD_FILE, Session, check_id, new_session_id
-from ._db import CHANNEL, Database, _notify, database, shown_url, this_machine
+from ._db import (CHANNEL, Database, _notify, database, session_channel, shown_url,
+                  this_machine)
 from ._lease import PostgresLease, _lease_holder
 from ._mailbox import PostgresQuestions, PostgresSignals
 
@@ -123,8 +124,9 @@ class PostgresSessions:
 
 
 class Listener:
-    """A LISTEN on its own connection, in a thread; calling it stops it. It hears every
-    session, so `add` has nothing to do (the file store's watcher follows by directory)."""
+    """A LISTEN on its own connection, in a thread; calling it stops it. It hears one
+    session (its own channel), or every session of the fleet, so `add` has nothing to do
+    (the file store's watcher follows each session by its directory)."""
 
     def __init__(self, db: Database, notify: Callable[[Change], None],
                  session: str | None = None, whats: tuple[str, ...] | None = None):
@@ -132,8 +134,9 @@ class Listener:
         self._session, self._whats = session, whats
         self._stop = threading.Event()
         self.failed: str | None = None
+        self._channel = CHANNEL if session is None else session_channel(session)
         self._conn = db.connect()
-        self._conn.execute(f"LISTEN {CHANNEL}")
+        self._conn.execute(f"LISTEN {self._channel}")
         self._thread = threading.Thread(target=self._listen, daemon=True,
                                         name="ralph-store-listen")
         self._thread.start()
@@ -148,7 +151,7 @@ class Listener:
                     return
                 try:   # the database restarted: listen again (and say something changed)
                     self._conn = self._db.connect()
-                    self._conn.execute(f"LISTEN {CHANNEL}")
+                    self._conn.execute(f"LISTEN {self._channel}")
                     if self._session is not None:
                         self._notify(Change(self._session, "events"))
                 except BadInput as e:
