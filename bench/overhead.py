@@ -43,7 +43,8 @@ class NoopAgent:
         if inv.role == "planner":
             self.starts.append(time.perf_counter())
             self.cpu.append(time.process_time())
-            self.metadata_sizes[it] = os.path.getsize(self.metadata_path())
+            if self.metadata_path is not None:   # (a database's session has no file)
+                self.metadata_sizes[it] = os.path.getsize(self.metadata_path())
             if it > self.iterations:
                 emit("LOOP_COMPLETE", "nothing left")
             else:

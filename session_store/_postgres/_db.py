@@ -145,7 +145,8 @@ class Database:
             cur.execute("DELETE FROM ralph_commits WHERE at < now() - interval '1 day'")
 
     def read(self, fn):
-        """fn(cursor) in a read-only transaction; retried on a lost connection."""
+        """fn(cursor), one statement (autocommit: no transaction's round trips); retried
+        on a lost connection."""
         return self._run(fn, None)
 
     def write(self, fn):
@@ -166,14 +167,15 @@ class Database:
                                              (token,)).fetchone()
                         if found is not None:   # committed before the connection was lost
                             return json.loads(found[0])
+                    if token is None:   # a read: one statement, atomic by itself
+                        return fn(conn.cursor())
                     with conn.transaction():
                         cur = conn.cursor()
                         result = fn(cur)
-                        if token is not None:
-                            cur.execute("INSERT INTO ralph_commits (token, result) "
-                                        "VALUES (%s, %s)", (token, json.dumps(result)))
-                    if token is not None:   # (the crash matrix kills right after a commit)
-                        durable_write_done("store", f"postgresql:{fn.__qualname__}")
+                        cur.execute("INSERT INTO ralph_commits (token, result) "
+                                    "VALUES (%s, %s)", (token, json.dumps(result)))
+                    # (the crash matrix kills right after a commit)
+                    durable_write_done("store", f"postgresql:{fn.__qualname__}")
                     return result
                 except psycopg.OperationalError as e:
                     if self._conn is not None and not self._conn.closed \

@@ -252,6 +252,11 @@ class PostgresSignals:
         return json.loads(row[0]) if row else []
 
     def _change_guidance(self, change: Callable[[list[dict]], list[dict] | None]) -> None:
+        """`change` the queue under its row's lock; no write when it changes nothing (as
+        now read: most transitions forget nothing)."""
+        if change(self.guidance()) is None:
+            return
+
         def update(cur):
             row = cur.execute("SELECT guidance FROM ralph_sessions WHERE id = %s FOR UPDATE",
                               (self._sid,)).fetchone()
