@@ -198,6 +198,11 @@ def parse(text: str | bytes, source: str, all_errors: bool = False,
     unless `all_errors`)."""
     from .config_ranges import range_errors   # it reads this module's classes
     data = parse_yaml(text, source)
+    if isinstance(data, dict) and "store" in data:
+        raise BadInput(f"{source}: $.store: the store's URL is never read from a config "
+                       f"file (an agent can rewrite the workspace's ralph.yml, and the store is "
+                       f"where the human's control lives): set RALPH_STORE_URL in the "
+                       f"environment of ralph's commands")
     config, errors = structure_each(data, Config)
     errors += range_errors(config)
     if channels is not None and not any(e.startswith("$.RObot") for e in errors):

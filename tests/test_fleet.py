@@ -265,3 +265,45 @@ def test_a_database_gone_too_long_stops_the_engine_resumably(tmp_path, own_clust
     assert r.returncode == 0, r.stdout + r.stderr
     assert beta.view("b")["status"] == "completed"
     _transitions_whole(beta, "b")
+
+
+# --- one web page for the fleet ---
+
+def test_one_web_page_sees_and_steers_every_machines_sessions(fleet, monkeypatch):
+    """`ralph web` in a directory with no sessions of its own lists the fleet's, follows
+    them live (NOTIFY wakes its feed: no file of theirs is on this machine) and drops a
+    signal into another machine's session."""
+    from _web import WebServer, client, now
+    from test_web_feed import Stream
+    import session_store
+    alpha, beta, desk = fleet("alpha"), fleet("beta"), fleet("desk")
+
+    def made_on(machine, sid):
+        for name in ("RALPH_STORE_URL", "RALPH_STATE_DIR", "RALPH_MACHINE"):
+            monkeypatch.setenv(name, str(machine.env[name]))
+        return session_store.create(str(machine.ws), f"objective {sid}", now=now(),
+                                    session_id=sid)
+    a = made_on(alpha, "a")
+    server = WebServer(desk.ws, env=desk.env)
+    try:
+        with client(server) as c:
+            [listed] = c.get("/api/sessions").json()
+            assert (listed["session_id"], listed["machine"]) == ("a", "alpha")
+        everything = Stream(server, "/api/stream")
+        one = Stream(server, "/api/sessions/a/stream")
+        everything.wait(lambda e, d: e == "sessions" and [v["session_id"] for v in d] == ["a"])
+        one.wait(lambda e, d: e == "events" and d and d[0]["topic"] == "session.created")
+        made_on(beta, "b")   # on another machine: heard, not found by a re-read
+        everything.wait(lambda e, d: e == "sessions" and {v["session_id"] for v in d}
+                        == {"a", "b"}, timeout=5)
+        a.append_event("build.note", "from alpha's engine", source="executor")
+        one.wait(lambda e, d: e == "events" and [x["payload"] for x in d]
+                 == ["from alpha's engine"], timeout=5)
+        with client(server) as c:
+            r = c.post("/api/sessions/b/signals", json={"type": "info", "message": "hello b"})
+            assert r.status_code == 200, r.text
+        signal_, _, _ = session_store.load(str(beta.ws), "b").signals.read(
+            session_store.load(str(beta.ws), "b").signals.waiting()[0])
+        assert signal_.message == "hello b"
+    finally:
+        server.stop()
