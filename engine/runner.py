@@ -197,12 +197,13 @@ class AgentRunner:
         env.update({
             "RALPH_WORKSPACE": self.tree, "RALPH_SESSION_ID": self.session.id,
             "RALPH_SESSION_DIR": self.session.work_dir, "RALPH_ROLE": role,
-            # read-only for agents (a sandboxed one cannot write there): a poll's quick look
-            "RALPH_CONTROL_DIR": self.session.dir,
             "RALPH_ITERATION": str(it.number), "RALPH_ITERATION_DIR": it.work_dir,
             "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
             # the run's mark: its events are taken while it is open, its processes found
             containment.RUN_MARK: os.path.basename(files.base)})
+        if self.session.mailbox_dir is not None:
+            # read-only for agents (a sandboxed one cannot write there): a poll's quick look
+            env["RALPH_CONTROL_DIR"] = self.session.mailbox_dir
         if len(self._ralph) == 1:   # a plain `ralph` works too, where PATH holds
             env["PATH"] = os.path.dirname(self._ralph[0]) + os.pathsep + env.get("PATH", "")
         if task:

@@ -82,6 +82,12 @@ class Session(DiskFaults):
         return True
 
     @property
+    def mailbox_dir(self) -> str | None:
+        """What an agent's poll may list to see whether signals wait, without asking the
+        engine (None where the mailbox is no directory: the poll then asks)."""
+        return self.dir
+
+    @property
     def work(self) -> WorkArea:
         """The engine's writer of the work area (every path walked without links)."""
         if self._work is None:

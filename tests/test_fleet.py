@@ -12,8 +12,8 @@ import sys
 import psycopg
 import pytest
 
-from support import (DONE, EVIDENCE, base_env, finish, plan, ralph, wait_for, write_config,
-                     write_scenario)
+from support import (DONE, EVIDENCE, base_env, finish, plan, ralph, spawn, wait_for,
+                     write_config, write_scenario)
 from support import start as start_demo
 
 ASKS = [plan("t1"),
@@ -307,3 +307,48 @@ def test_one_web_page_sees_and_steers_every_machines_sessions(fleet, monkeypatch
         assert signal_.message == "hello b"
     finally:
         server.stop()
+
+
+POLLING_AGENT = """
+import os, subprocess, sys, time
+ws = os.environ["RALPH_WORKSPACE"]
+polled = os.path.join(ws, "polled.json")
+if os.environ["RALPH_ROLE"] == "executor" and os.environ.get("RALPH_TASK_ID") == "t1" \\
+        and not os.path.exists(polled):
+    open(os.path.join(ws, "ready"), "w").close()
+    while not os.path.exists(os.path.join(ws, "dropped")):
+        time.sleep(0.05)
+    out = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    with open(polled, "w") as f:
+        f.write(out)
+os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+"""
+
+
+def test_an_agents_poll_takes_its_signal_from_the_database(fleet):
+    """The mailbox is rows, which no agent reaches: an agent's `tools signals poll` asks
+    its engine (no control directory to list), and takes the signal meant for it."""
+    alpha, desk = fleet("alpha"), fleet("desk")
+    scenario = write_scenario(alpha.ws, [plan("t1"), *DONE])
+    (alpha.ws / "agent.py").write_text(POLLING_AGENT)
+    write_config(alpha.ws, {"agent": {"backend": "command", "command": [
+        sys.executable, str(alpha.ws / "agent.py"), str(scenario)]}})
+    proc = spawn(alpha.ws, "session", "start", "objective", "--id", "s", env=alpha.env)
+    try:
+        wait_for(lambda: (alpha.ws / "ready").exists(), timeout=60)
+        r = desk.ralph("signal", "steer", "mid-run steer", "--target", "Executor",
+                       "--session", "s")
+        assert r.returncode == 0, r.stderr
+        (alpha.ws / "dropped").touch()
+        code, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, out + err
+    polled = json.loads((alpha.ws / "polled.json").read_text())
+    assert [s["message"] for s in polled["signals"]] == ["mid-run steer"]
+    with psycopg.connect(alpha.env["RALPH_STORE_URL"]) as conn:
+        [(state, outcome)] = conn.execute(
+            "SELECT state, outcome FROM ralph_signals WHERE session_id = 's'").fetchall()
+    assert state == "handled" and json.loads(outcome)["handled_by"] == "Ralph-Executor"

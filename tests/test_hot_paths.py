@@ -16,7 +16,7 @@ from session_store import create
 from support import base_env
 from support.engines import held_run
 
-HEAVY = ("attr", "attrs", "cattrs", "yaml", "transitions")
+HEAVY = ("attr", "attrs", "cattrs", "yaml", "transitions", "psycopg")
 # `ralph ARGS`, printing at exit the top-level packages of HEAVY it imported
 PROBE = ("import atexit, sys\n"
          f"atexit.register(lambda: print('LOADED', sorted({{m.split('.')[0] for m in "

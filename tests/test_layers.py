@@ -133,7 +133,6 @@ PATH_TO_THE_STORE = {
 }
 # where engine code keeps the control plane's path itself, never handing it to the store
 SESSION_DIR_KEPT = {
-    "engine/runner.py": "RALPH_CONTROL_DIR, given to an agent run for its read-only poll",
     "engine/cli/sessions.py": "`session start` tells the human where the control files are",
     "engine/views.py": "the session view shows its control_dir",
     "engine/humans/fallback.py": "the work state's name in the event: relative to the session",

@@ -213,6 +213,10 @@ class PostgresSession(Session):
         return self.machine == this_machine()
 
     @property
+    def mailbox_dir(self) -> str | None:
+        return None   # its signals are rows: an agent's poll asks the engine
+
+    @property
     def store_url(self) -> str:
         return self._store.url
 
