@@ -56,7 +56,7 @@ def start(root: str, port: int | None = None) -> str:
         subprocess.run(_as_owner([f"{where}/initdb", "-D", data, "-U", "ralph", "-A", "trust",
                                   "-E", "UTF8", "--no-instructions"]),
                        check=True, stdout=subprocess.DEVNULL)
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=300"
+    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=400"
     subprocess.run(_as_owner([f"{where}/pg_ctl", "-D", data, "-l", os.path.join(root, "log"),
                               "-o", options, "-w", "start"]),
                    check=True, stdout=subprocess.DEVNULL)
