@@ -352,3 +352,49 @@ def test_an_agents_poll_takes_its_signal_from_the_database(fleet):
         [(state, outcome)] = conn.execute(
             "SELECT state, outcome FROM ralph_signals WHERE session_id = 's'").fetchall()
     assert state == "handled" and json.loads(outcome)["handled_by"] == "Ralph-Executor"
+
+
+# --- one Telegram bot for the fleet ---
+
+def test_one_bot_serves_every_machines_sessions(fleet, tmp_path):
+    """`ralph bot run` on a third machine: each machine's question reaches the chat, each
+    reply answers the session it asked for (the bot's lock and state are the fleet's)."""
+    from fake_telegram import FakeTelegram
+    token, chat = "123456:FLEET-TOKEN", 111
+    no_proxy = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    alpha, beta = fleet("alpha", **no_proxy), fleet("beta", **no_proxy)
+    desk = fleet("desk", **no_proxy)
+    waits = [plan("t1"),
+             {"role": "executor", "ask": {"question": "Go on with {task}?", "timeout": 60},
+              "emit": [{"topic": "build.done", "payload": EVIDENCE}]}, *DONE]
+    with FakeTelegram(token) as fake:
+        bot_config = write_config(tmp_path, {"RObot": {"telegram": {
+            "bot_token": token, "api_url": fake.url, "allowed_chat_ids": [chat]}}}, "bot.yml")
+        bot = spawn(desk.ws, "bot", "run", "-c", bot_config, env=desk.env)
+        engines = []
+        try:
+            fake.wait_polling()
+            again = desk.ralph("bot", "run", "-c", bot_config)   # one bot for the fleet
+            assert again.returncode == 2 and "runs already" in again.stderr, again.stderr
+            engines = [machine.start(waits, sid) for machine, sid in ((alpha, "a"), (beta, "b"))]
+            for sid in ("a", "b"):
+                question = fake.wait_message(
+                    lambda m, sid=sid: f"from session {sid}\n" in m.get("text", ""), 60)
+                reply = fake.push(chat, f"yes, {sid}", reply_to=question)
+                assert "Answer recorded" in fake.wait_reply(reply)["text"]
+            for proc in engines:
+                code, out, err = finish(proc)
+                assert code == 0, out + err
+        finally:
+            for proc in [bot, *engines]:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(10)
+    for machine, sid in ((alpha, "a"), (beta, "b")):
+        session = machine.view(sid)
+        assert session["status"] == "completed"
+        r = machine.ralph("session", "tail", sid, "-n", "500", "--json")
+        responses = [json.loads(x) for x in r.stdout.splitlines()
+                     if json.loads(x)["topic"] == "human.response"]
+        assert [(e["payload"]["answer"], e["payload"]["channel"]) for e in responses] == \
+            [(f"yes, {sid}", "telegram")]
