@@ -4,8 +4,9 @@ iteration's metadata and task markers), kept in memory and persisted through the
 Every change the engine makes to the session goes through here, so the session's task
 counts and usage are always derived the same way before they are written. Metadata is
 written at the commit points (every transition, a question, a decision), not after each
-agent run or marker: what changes between them (usage, counts derived from progress.md)
-goes into the next one.
+agent run: what changes between them (usage, counts derived from the markers) goes into
+the next one. The iteration's metadata is written at its own commit points, a marker or
+an attempt among them.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class Tracker:
         self.session = session
         self.clock = clock
         self._last_mono = clock.monotonic()
-        self._current: tuple[Iteration, IterationMetadata, list[progress.TaskLine]] | None = None
+        self._current: tuple[Iteration, IterationMetadata] | None = None
         self._previous: tuple[Iteration, IterationMetadata] | None = None   # the one before
         self.on_task_done = []   # callables run when a task reaches [x] (the assessor's)
 
@@ -118,8 +119,8 @@ class Tracker:
         self.metadata.interrupted = run
 
     def _count_tasks(self) -> None:
-        _, meta, lines = self._current
-        self.metadata.tasks = progress.session_counts(meta.tasks_before, lines)
+        _, meta = self._current
+        self.metadata.tasks = progress.session_counts(meta.tasks_before, meta.task_lines())
 
     # --- the current iteration ---
 
@@ -128,21 +129,20 @@ class Tracker:
         number = self.metadata.iteration
         if self._current is None or self._current[0].number != number:
             if self._current is not None:
-                self._previous = self._current[:2]
+                self._previous = self._current
             it = self.session.iteration(number)
             if it.exists():
                 meta = it.load()
-                lines = it.rebuild_plan(meta)
+                it.settle(meta)
             else:
                 # tasks_before goes with the iteration's first write: the session's counts
                 # stand still until its plan, and are persisted by the transition into it
                 meta = it.start(self.clock.now(), tasks_before=attrs.evolve(self.metadata.tasks))
-                lines = []
-            self._current = (it, meta, lines)
+            self._current = (it, meta)
             # run numbers name the logs: never reuse one a crash left unrecorded
             usage = self.metadata.usage
             usage.agent_invocations = max(usage.agent_invocations, it.last_run_seq())
-        return self._current[0], self._current[1]
+        return self._current
 
     def earlier(self, number: int) -> tuple[Iteration, IterationMetadata] | None:
         """An earlier iteration's files and metadata (None if it never started); the one
@@ -150,18 +150,23 @@ class Tracker:
         if self._previous is not None and self._previous[0].number == number:
             return self._previous
         it = self.session.iteration(number)
-        return (it, it.load()) if it.exists() else None
+        if not it.exists():
+            return None
+        meta = it.load()
+        it.settle(meta)
+        return it, meta
 
     def tasks(self) -> list[progress.TaskLine]:
-        self.iteration()
-        return self._current[2]
+        _, meta = self.iteration()
+        return meta.task_lines()
 
     def marker(self, task_id: str) -> str:
-        return next((t.marker for t in self.tasks() if t.id == task_id), progress.TODO)
+        _, meta = self.iteration()
+        return meta.task_progress(task_id).marker
 
     def record_plan(self, tasks: list[PlannedTask]) -> None:
         it, meta = self.iteration()
-        self._current = (it, meta, it.write_plan(tasks))
+        it.write_plan(tasks)
         meta.tasks_defined = tasks
         meta.planning_completed_at = self.clock.now()
         it.save(meta)  # the commit point: planning is done once this is on disk
@@ -177,8 +182,8 @@ class Tracker:
         it.save(meta)
 
     def record_attempt(self, attempt: Attempt) -> None:
-        it, _ = self.iteration()
-        it.record_attempt(attempt)
+        it, meta = self.iteration()
+        it.record_attempt(meta, attempt)
 
     def record_review(self, task: PlannedTask, verdict: str, reason) -> None:
         it, meta = self.iteration()
@@ -216,25 +221,19 @@ class Tracker:
         it.save(meta)
 
     def set_marker(self, task_id: str, marker: str, note: str | None = None) -> None:
-        """progress.md is the truth of markers; a task in progress needs no fsync (lost to
-        a power cut, it is simply run again)."""
-        it, _ = self.iteration()
-        for t in self.tasks():
-            if t.id == task_id:
-                t.marker, t.note = marker, note
-        it.save_progress(self.tasks(), durable=marker != progress.IN_PROGRESS)
+        """The iteration's metadata is the truth of markers (progress.md its view)."""
+        it, meta = self.iteration()
+        it.set_markers(meta, [task_id], marker, note)
         if marker == progress.DONE:
             for observer in self.on_task_done:
                 observer()
 
     def mark_in_progress(self, marker: str, note: str) -> None:
         """What becomes of [/] tasks when the session stops: [F] on abort, a note on pause."""
-        it, _ = self.iteration()
-        changed = [t for t in self.tasks() if t.marker == progress.IN_PROGRESS]
-        for t in changed:
-            t.marker, t.note = marker, note
+        it, meta = self.iteration()
+        changed = [t.id for t in meta.task_lines() if t.marker == progress.IN_PROGRESS]
         if changed:
-            it.save_progress(self.tasks())
+            it.set_markers(meta, changed, marker, note)
 
     def finish_iteration(self) -> None:
         it, meta = self.iteration()
@@ -243,7 +242,7 @@ class Tracker:
             it.save(meta)
 
     def status_line(self, activity: str) -> str:
-        tasks = self._current[2] if self._current else []
+        tasks = self._current[1].task_lines() if self._current else []
         finished = sum(t.marker in progress.FINISHED for t in tasks)
         return (f"{self.state} · iteration {self.metadata.iteration} · task {finished} of "
                 f"{len(tasks)} done{' · ' + activity if activity else ''}")

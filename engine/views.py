@@ -25,6 +25,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     session = load(workspace, session_id)
     m = session.metadata
     it = session.iteration()
+    current = it.load() if it.exists() else None
     pid = session.running_pid()
     status, reason = _standing_on_disk(session, pid)
     return {
@@ -42,9 +43,10 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         **_limit_view(m),
         "resume_command": _resume_command(m, pid is not None),
-        "tasks": unstructure(_live_counts(it, m)),
+        "tasks": unstructure(_live_counts(current, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
-                           "marker": t.marker, "note": t.note} for t in it.progress()],
+                           "marker": t.marker, "note": t.note}
+                          for t in (current.task_lines() if current else [])],
         "pending_questions": [_question_view(q, m.session_id) for q in session.questions.pending()],
         # what the engine will take: a writer's hidden temp file is no signal
         "waiting_signals": session.signals.waiting(),
@@ -128,11 +130,12 @@ def _standing_on_disk(session, pid) -> tuple[str, str | None]:
     return m.status.value, m.orchestrator.pause_reason
 
 
-def _live_counts(it, m):
-    """The task counts as of progress.md (metadata has them as of the last transition)."""
-    if not it.exists():
+def _live_counts(current, m):
+    """The task counts as of the current iteration's markers (the session's metadata has
+    them as of the last transition)."""
+    if current is None:
         return m.tasks
-    return progress.session_counts(it.load().tasks_before, it.progress())
+    return progress.session_counts(current.tasks_before, current.task_lines())
 
 
 def _assessment_view(obs) -> dict | None:

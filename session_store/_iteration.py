@@ -1,25 +1,24 @@
-"""`iterations/<N>/`: the plan, progress, one report per attempt, reviews, run logs and
-work-state captures of one iteration. Every name and format here is the store's own:
-callers hand over data (an Attempt, a Review) and get data back."""
+"""`iterations/<N>/`: the iteration's metadata (with its tasks' markers and attempts'
+outcomes), the views rendered from it (plan, tasks, progress.md), one report per
+attempt, reviews, run logs and work-state captures. Every name and format here is the
+store's own: callers hand over data (an Attempt, a Review) and get data back."""
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from datetime import datetime
 
 
-from . import _progress
+from . import _legacy, _progress
 from ._atomic import disk, durable_write_done, make_dirs, open_private, read_nofollow, write_atomic
 from ._codec import structure, unstructure
 from ._knowledge import Knowledge
-from ._metadata import IterationMetadata, PlannedTask
+from ._metadata import IterationMetadata, PlannedTask, TaskProgress
 from ._schema import dump_plain, parse_yaml
 
 METADATA_FILE = "metadata.yaml"
 ITERATION_SUBDIRS = ("tasks", "reports", "reviews", "knowledge")
-_OUTCOME = re.compile(r"^- outcome: (\w+)", re.MULTILINE)
 
 
 @dataclass(slots=True)
@@ -62,6 +61,8 @@ class Iteration:
         self.work_rel = f"iterations/{number}"
         self.work_dir = os.path.join(work.path, self.work_rel) if work else self.dir
         self.knowledge = Knowledge(self.work_dir, self.dir, work)
+        self._seeded = False                     # loaded from an older ralph's markdown
+        self._progress_view: str | None = None   # progress.md as last read or rendered
 
     def make_work_dirs(self) -> None:
         """The agents' side of the iteration (knowledge/, logs/), made without following
@@ -92,19 +93,41 @@ class Iteration:
         return meta
 
     def load(self) -> IterationMetadata:
+        """Its metadata. One an older ralph wrote (no `progress` in it) gets its markers and
+        attempt outcomes from the markdown it kept them in (`_legacy`), in memory: the
+        engine's `settle` writes them, and the markdown is not read again."""
         path = self.path(METADATA_FILE)
-        return structure(parse_yaml(read_nofollow(path), path), IterationMetadata, path)
+        data = parse_yaml(read_nofollow(path), path)
+        meta = structure(data, IterationMetadata, path)
+        if isinstance(data, dict) and "progress" not in data:
+            self._seed_from_markdown(meta)
+        return meta
 
     def save(self, meta: IterationMetadata) -> None:
+        """The metadata, the iteration's truth (markers and attempts included), then
+        progress.md rendered from it: a kill in between leaves a view `settle` renders."""
         write_atomic(self.path(METADATA_FILE), dump_plain(unstructure(meta)), "iteration-metadata")
+        self._seeded = False
+        self._render_progress(meta)
+
+    def settle(self, meta: IterationMetadata) -> None:
+        """What a kill, a power cut or an older ralph left, made whole from the metadata
+        (the engine's, when it takes the iteration up): seeded markers written once, the
+        plan's views written again if they were lost, progress.md rendered again if it is
+        not the metadata's (a kill before its render, or anyone's edit)."""
+        if self._seeded:
+            self.save(meta)
+        if meta.planning_completed_at is not None and meta.tasks_defined \
+                and self._read("plan.md") is None:
+            self.write_plan(meta.tasks_defined)
+        self._render_progress(meta)
 
     # --- the plan and its progress ---
 
-    def write_plan(self, tasks: list[PlannedTask]) -> list[_progress.TaskLine]:
-        """tasks/<ID>.md, plan.md and progress.md (every task todo). They are views of the
-        tasks the iteration's metadata records, written before it (the commit point, the
-        caller's), so they need no fsync of their own: lost to a power cut, they are
-        written again from it (see `rebuild_plan`)."""
+    def write_plan(self, tasks: list[PlannedTask]) -> None:
+        """tasks/<ID>.md and plan.md. They are views of the tasks the iteration's metadata
+        records, written before it (the commit point, the caller's), so they need no fsync
+        of their own: lost to a power cut, they are written again from it (`settle`)."""
         for t in tasks:
             self._write(f"tasks/{t.id}.md", f"# {t.id}: {t.title}\n\nBatch {t.batch}\n\n"
                                             f"{t.description}\n", "task", durable=False)
@@ -115,30 +138,42 @@ class Iteration:
                       for t in tasks if t.batch == batch]
             lines.append("")
         self._write("plan.md", "\n".join(lines), "plan", durable=False)
-        progress = [_progress.TaskLine(t.id, t.title, t.batch) for t in tasks]
-        self.save_progress(progress, durable=False)
-        return progress
-
-    def rebuild_plan(self, meta: IterationMetadata) -> list[_progress.TaskLine]:
-        """The plan's views, when a power cut took them after the plan was committed."""
-        lines = self.progress()
-        if meta.planning_completed_at is not None and meta.tasks_defined and not lines:
-            lines = self.write_plan(meta.tasks_defined)
-        return lines
 
     def plan_text(self) -> str | None:
         return self._read("plan.md")
 
     def progress_text(self) -> str | None:
+        """progress.md, the markers' view (for eyes: agents and humans)."""
         return self._read("progress.md")
 
-    def progress(self) -> list[_progress.TaskLine]:
-        text = self._read("progress.md")
-        return _progress.parse(text) if text is not None else []
+    def set_markers(self, meta: IterationMetadata, task_ids: list[str], marker: str,
+                    note: str | None = None) -> None:
+        """Mark tasks (one write of the metadata), then render progress.md."""
+        for task_id in task_ids:
+            mine = meta.progress.setdefault(task_id, TaskProgress())
+            mine.marker, mine.note = marker, note
+        self.save(meta)
 
-    def save_progress(self, tasks: list[_progress.TaskLine], durable: bool = True) -> None:
-        write_atomic(self.path("progress.md"), _progress.render(self.number, tasks), "progress",
-                     durable)
+    def _render_progress(self, meta: IterationMetadata) -> None:
+        """progress.md from the markers, when it would change. A view, no fsync: lost to a
+        power cut, the next `settle` renders it again."""
+        if not meta.tasks_defined:
+            return
+        text = _progress.render(self.number, meta.task_lines())
+        if self._progress_view is None:
+            self._progress_view = self.progress_text()
+        if text != self._progress_view:
+            write_atomic(self.path("progress.md"), text, "progress", durable=False)
+            self._progress_view = text
+
+    def _seed_from_markdown(self, meta: IterationMetadata) -> None:
+        marks = _legacy.markers(self.progress_text() or "")
+        for t in meta.tasks_defined:
+            marker, note = marks.get(t.id, (_progress.TODO, None))
+            outcomes = [_legacy.outcome(read_nofollow(p).decode("utf-8", errors="replace"))
+                        for p in self._legacy_reports(t.id)]
+            meta.progress[t.id] = TaskProgress(marker, note, outcomes)
+        self._seeded = True
 
     # --- attempts and reviews ---
 
@@ -146,16 +181,19 @@ class Iteration:
         suffix = "" if attempt == 1 else f"-r{attempt}"
         return self.path("reports", f"{task_id}-report{suffix}.md")
 
-    def _reports(self, task_id: str) -> list[str]:
+    def _legacy_reports(self, task_id: str) -> list[str]:
         found, attempt = [], 1
         while os.path.exists(path := self._report_path(task_id, attempt)):
             found.append(path)
             attempt += 1
         return found
 
-    def record_attempt(self, a: Attempt) -> str:
-        """A new report, one per attempt: -report.md, -report-r2.md, ..."""
-        path = self._report_path(a.task_id, len(self._reports(a.task_id)) + 1)
+    def record_attempt(self, meta: IterationMetadata, a: Attempt) -> str:
+        """Its report (-report.md, -report-r2.md, ...: the details), then its outcome in the
+        metadata, where it counts: a kill in between leaves a report the next attempt's
+        replaces."""
+        mine = meta.progress.setdefault(a.task_id, TaskProgress())
+        path = self._report_path(a.task_id, len(mine.attempts) + 1)
         events = "\n".join(f"- {topic}: {payload}" for topic, payload in a.events) or "(none)"
         write_atomic(path, (
             f"# Report: {a.task_id} — {a.title}\n\n"
@@ -164,19 +202,13 @@ class Iteration:
             f"- duration: {a.duration:.2f}s\n\n"
             f"## Events (as gated)\n\n{events}\n\n"
             f"## Output (last lines)\n\n```\n{a.output_tail}\n```\n"), "report")
+        mine.attempts.append(a.outcome)
+        self.save(meta)
         return path
 
-    def attempt_outcomes(self, task_id: str) -> list[str]:
-        """The outcome of each attempt at a task, oldest first."""
-        outcomes = []
-        for path in self._reports(task_id):
-            found = _OUTCOME.search(read_nofollow(path).decode("utf-8", errors="replace"))
-            outcomes.append(found.group(1) if found else "")
-        return outcomes
-
-    def latest_report(self, task_id: str) -> str | None:
-        reports = self._reports(task_id)
-        return reports[-1] if reports else None
+    def latest_report(self, meta: IterationMetadata, task_id: str) -> str | None:
+        attempts = len(meta.task_progress(task_id).attempts)
+        return self._report_path(task_id, attempts) if attempts else None
 
     def has_review(self, task_id: str) -> bool:
         """The review file is a review's commit point."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from attrs import define, field
+from attrs.validators import in_
 
+from ._progress import MARKERS, TODO, TaskLine
 from ._types import PauseKind, State, Status
 
 SCHEMA_VERSION = 1
@@ -172,6 +174,15 @@ class Rejection:
 
 
 @define
+class TaskProgress:
+    """Where one planned task stands: the truth its line of progress.md shows, and what
+    its attempts came to (their reports are the details, written before each is counted)."""
+    marker: str = field(default=TODO, validator=in_(MARKERS))
+    note: str | None = None
+    attempts: list[str] = field(factory=list)   # each attempt's outcome, oldest first
+
+
+@define
 class IterationMetadata:
     iteration: int
     started_at: datetime
@@ -187,8 +198,17 @@ class IterationMetadata:
     knowledge_deadline: datetime | None = None
     failed_batches: list[int] = field(factory=list)   # batches that paused the session
     # the session's task counts when this iteration began, so the session total is
-    # always this plus the iteration's own progress.md (no history in metadata)
+    # always this plus the iteration's own markers (no history in metadata)
     tasks_before: TaskCounts = field(factory=TaskCounts)
+    progress: dict[str, TaskProgress] = field(factory=dict)   # by task id; none: todo
+
+    def task_progress(self, task_id: str) -> TaskProgress:
+        return self.progress.get(task_id) or TaskProgress()
+
+    def task_lines(self) -> list[TaskLine]:
+        """The planned tasks with their markers, in plan order (what progress.md shows)."""
+        return [TaskLine(t.id, t.title, t.batch, (p := self.task_progress(t.id)).marker, p.note)
+                for t in self.tasks_defined]
 
     def batches(self) -> list[int]:
         return sorted({t.batch for t in self.tasks_defined})

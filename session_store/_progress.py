@@ -1,16 +1,14 @@
-"""progress.md: one line per task with its marker, the file a human reads first."""
+"""Task markers, and progress.md: one line per task with its marker, the file a human
+reads first. The markers are data (the iteration's metadata, `TaskProgress`); progress.md
+is rendered from them on every change and never read back."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 
 TODO, IN_PROGRESS, DONE, FAILED, CANCELLED = " ", "/", "x", "F", "C"
 MARKERS = (TODO, IN_PROGRESS, DONE, FAILED, CANCELLED)
 FINISHED = (DONE, FAILED, CANCELLED)
-
-_LINE = re.compile(r"^- \[(?P<marker>.)\] (?P<id>[^:\s]+): (?P<title>.*?) \(batch (?P<batch>\d+)\)"
-                   r"(?: — (?P<note>.*))?$")
 
 
 @dataclass(slots=True)
@@ -45,11 +43,3 @@ def _one_line(text: str) -> str:
     the task out of the file."""
     return text.replace("\n", " ")
 
-
-def parse(text: str) -> list[TaskLine]:
-    tasks = []
-    for line in text.split("\n"):   # not splitlines(): \r, \x1c, U+2028 are no line ends here
-        m = _LINE.match(line)
-        if m and m["marker"] in MARKERS:
-            tasks.append(TaskLine(m["id"], m["title"], int(m["batch"]), m["marker"], m["note"]))
-    return tasks

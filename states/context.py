@@ -127,13 +127,13 @@ class IterationView:
         return self._meta.tasks_of_batch(batch)
 
     def progress(self) -> list[progress.TaskLine]:
-        return self._files.progress()
+        return self._meta.task_lines()
 
-    def attempt_outcomes(self, task_id: str) -> list[str]:
-        return self._files.attempt_outcomes(task_id)
+    def attempt_outcomes(self, task_id: str) -> tuple[str, ...]:
+        return tuple(self._meta.task_progress(task_id).attempts)
 
     def latest_report(self, task_id: str) -> str | None:
-        return self._files.latest_report(task_id)
+        return self._files.latest_report(self._meta, task_id)
 
     def has_review(self, task_id: str) -> bool:
         return self._files.has_review(task_id)
@@ -175,7 +175,7 @@ class StateContext(Protocol):
     def record_questioner_done(self) -> None: ...
 
     def record_attempt(self, task: PlannedTask, ran: RoleRun, outcome: str) -> None:
-        """One attempt at a task, as its report (one per attempt)."""
+        """One attempt at a task: its report (one per attempt), then its outcome counted."""
 
     def record_review(self, task: PlannedTask, verdict: str, reason) -> None:
         """approved | rejected | not reviewed: the review is the commit point of a review;

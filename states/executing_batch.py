@@ -1,10 +1,10 @@
 """EXECUTING_BATCH: the Executor runs each task of the current batch, one after another
 (or, with event_loop.parallel, up to N at once: the context runs them).
 
-A task is marked [/] before its runs and [x] or [F] after, in progress.md; a task found
-[/] on resume was interrupted and runs again. In a git workspace a done task is committed
-before its [x]. Each attempt is recorded (its outcome lets
-a resumed session keep counting blocked and empty runs). `build.done` is gated: without
+A task is marked [/] before its runs and [x] or [F] after (data of the store's; progress.md
+is their view); a task found [/] on resume was interrupted and runs again. In a git
+workspace a done task is committed before its [x]. Each attempt is recorded (its outcome
+lets a resumed session keep counting blocked and empty runs). `build.done` is gated: without
 passing evidence it comes back as `build.blocked`. Signals are polled between tasks. A
 batch in which every task failed pauses the session.
 """
@@ -52,7 +52,7 @@ def execute(ctx: StateContext, task) -> Next | None:
     return None
 
 
-def streaks(outcomes: list[str]) -> Streaks:
+def streaks(outcomes: tuple[str, ...]) -> Streaks:
     """Consecutive blocked and empty attempts at the end of a task's attempts."""
     blocked = empty = 0
     for outcome in reversed(outcomes):

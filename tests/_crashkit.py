@@ -22,7 +22,7 @@ import yaml
 
 import session_store
 from session_store import control_root, work_root
-from support import metadata, progress_markers
+from support import metadata, progress_markers, progress_view_markers
 from support import session_dir as control_dir
 from engine.machine import TRANSITIONS
 from states import State
@@ -203,6 +203,7 @@ def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralp
     assert (sd / "summary.md").exists()
     assert session_store.running_pid(str(sd)) is None
     assert not list((sd / "signals" / "processed").glob("*.taken"))
+    assert progress_view_markers(sd) == progress_markers(sd), "progress.md is not the markers' view"
     return outcome(ws, sid, roots)
 
 

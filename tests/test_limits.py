@@ -47,8 +47,7 @@ def waiting_session(ws, reset: float):
 def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
     """The outcomes the engine recorded for the task's attempts (one per attempt spent)."""
     from session_store import load
-    it = load(str(ws), sid).iteration(1)
-    return it.attempt_outcomes(task)
+    return load(str(ws), sid).iteration(1).load().task_progress(task).attempts
 
 
 def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_path):

@@ -67,7 +67,7 @@ import _crashkit as kit
 from _crashkit import KILLED, Write
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, ralph, write_config,
                      write_scenario)
-from session_store import BadInput, DiskFault, progress, questions, signals, write_atomic
+from session_store import BadInput, DiskFault, questions, signals, write_atomic
 
 SID = "matrix"
 OBJECTIVE = "Build a key-value store with a CLI"
@@ -308,10 +308,8 @@ def check_parses(ws: Path) -> None:
                 assert isinstance(json.loads(line), dict), rel
         elif p.suffix == ".json":    # the engine's replies
             assert isinstance(json.loads(p.read_text()), dict), rel
-        elif p.name == "progress.md":
-            text = p.read_text()
-            lines = [x for x in text.splitlines() if x.startswith("- [")]
-            assert len(progress.parse(text)) == len(lines), rel
+        elif p.name == "progress.md":   # a view, whole (a kill may leave it one change behind)
+            assert p.read_text().startswith("# Progress — iteration "), rel
     for q in sorted((sd / "questions").glob("*.yaml")):
         questions.load_question(str(sd), q.stem)   # strict
         if (sd / "answers" / q.name).exists():

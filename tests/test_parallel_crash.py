@@ -15,6 +15,7 @@ baseline's. RALPH_TEST_PARALLEL_CRASH_POINTS=N keeps N points, evenly spread.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections import Counter
@@ -185,9 +186,11 @@ def test_kill_at_each_durable_write_of_a_parallel_batch_then_resume_completes(ro
         assert {"metadata", "event session.transition", "progress", "event git.commit",
                 "event build.done", "prompt", "outbox-reset", "report"} <= set(whats), whats
         assert whats["event git.commit"] == len(TASKS)
-        # the [x] of each task after its merge, then the transition
-        assert [p.what for p in points[-len(TASKS) - 2:]] == \
-            ["progress"] * len(TASKS) + ["metadata", "event session.transition"], points[-8:]
+        # the [x] of each task after its merge (the marker, then its view), then the
+        # transition
+        assert [p.what for p in points[-2 * len(TASKS) - 2:]] == \
+            ["iteration-metadata", "progress"] * len(TASKS) \
+            + ["metadata", "event session.transition"], points[-12:]
 
     def kill_at(p: Point) -> str | None:
         ws = root / "points" / f"w{p.write.n:03d}" / "ws"
@@ -218,22 +221,24 @@ def test_kill_at_each_durable_write_of_a_parallel_batch_then_resume_completes(ro
 def test_a_task_merged_before_its_x_is_done_on_resume_not_merged_twice(root, baseline):
     """No durable write lies between a lane's merge and the [x] after it, so the matrix
     cannot stop there; a kill at another moment can. That state is made here: killed
-    right after t1's [x] (the first write after the lanes), t1 put back to [/] in
-    progress.md (the truth of markers). The merge is the task's commit point: the resume
-    marks t1 done and does not run it again; its agent would change the file again (the
-    attempt is in it) and its work would be committed and merged twice."""
+    right after t1's [x] (the first write after the lanes), before progress.md shows it,
+    t1 put back to [/] in the iteration's metadata (the truth of markers). The merge is
+    the task's commit point: the resume marks t1 done and does not run it again; its agent
+    would change the file again (the attempt is in it) and its work would be committed and
+    merged twice."""
     steps = [dict(step) for step in STEPS]
     steps[2]["write"] = {"{task}.txt": "made by {task}, attempt {attempt}\n"}
-    x_t1 = baseline.points[-len(TASKS) - 2]
-    assert x_t1.what == "progress"
+    x_t1 = baseline.points[-2 * len(TASKS) - 2]
+    assert x_t1.what == "iteration-metadata"
     ws = root / "merged-not-x" / "ws"
     git_workspace(ws, steps)
     r = start(ws, RALPH_TEST_CRASH_AT_WRITE=x_t1.write.n)
     assert r.returncode == KILLED, r.stdout + r.stderr
-    path = kit.session_dir(ws, SID) / "iterations" / "1" / "progress.md"
-    text = path.read_text()
-    assert "- [x] t1:" in text and text.count("- [/] t") == 3, text
-    path.write_text(text.replace("- [x] t1:", "- [/] t1:"))
+    path = kit.session_dir(ws, SID) / "iterations" / "1" / "metadata.yaml"
+    meta = json.loads(path.read_text())
+    assert [meta["progress"][t]["marker"] for t in TASKS] == ["x", "/", "/", "/"], meta
+    meta["progress"]["t1"]["marker"] = "/"
+    path.write_text(json.dumps(meta))
     r = resume(ws)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task t1: merged into the session's branch before the engine stopped" in r.stdout

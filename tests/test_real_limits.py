@@ -90,7 +90,7 @@ def rigs(tmp_path):
 
 def recorded_attempts(r: Rig, task: str = "t1") -> list[str]:
     from session_store import load
-    return load(str(r.ws), "real").iteration(1).attempt_outcomes(task)
+    return load(str(r.ws), "real").iteration(1).load().task_progress(task).attempts
 
 
 def limit_wait(r: Rig) -> dict:

@@ -19,8 +19,8 @@ The light modules are re-exported here; engines, recording and users are importe
 """
 from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
 from .clock import FakeClock
-from .disk import (append_raw, events, metadata, only_session, progress_markers, prompts,
-                   question_files, run_logs, session_dir, session_dirs, signal_files,
+from .disk import (append_raw, events, metadata, only_session, progress_markers,
+                   progress_view_markers, prompts, question_files, run_logs, session_dir, session_dirs, signal_files,
                    taken_marks, topics, transitions, work_dir)
 from .scenarios import (DONE, EVIDENCE, QUALITY, REVIEW_OK, demo_config, plan, start,
                         write_config, write_scenario)
@@ -29,7 +29,7 @@ from .sessions import new_session
 
 __all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "spawn", "wait_for",
            "FakeClock", "append_raw", "events", "metadata", "only_session", "progress_markers",
-           "prompts", "question_files", "run_logs", "session_dir", "session_dirs",
+           "progress_view_markers", "prompts", "question_files", "run_logs", "session_dir", "session_dirs",
            "signal_files", "taken_marks", "topics", "transitions", "work_dir", "DONE",
            "EVIDENCE", "QUALITY", "REVIEW_OK", "demo_config", "plan", "start", "write_config",
            "write_scenario", "held", "recorded", "script_agent", "new_session"]

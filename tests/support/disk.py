@@ -76,7 +76,21 @@ def metadata(session_dir: Path) -> dict:
 
 
 def progress_markers(session_dir: Path) -> dict[str, dict[str, str]]:
-    """{iteration: {task_id: marker}} from every iterations/<N>/progress.md."""
+    """{iteration: {task_id: marker}}: the markers each planned iteration's metadata
+    records (the truth; progress.md is their view: `progress_view_markers`)."""
+    out = {}
+    for it in sorted((Path(session_dir) / "iterations").iterdir(), key=lambda p: int(p.name)):
+        meta = it / "metadata.yaml"
+        im = yaml.safe_load(meta.read_text()) if meta.exists() else {}
+        if im.get("tasks_defined"):
+            marks = im.get("progress", {})
+            out[it.name] = {t["id"]: marks.get(t["id"], {}).get("marker", " ")
+                            for t in im["tasks_defined"]}
+    return out
+
+
+def progress_view_markers(session_dir: Path) -> dict[str, dict[str, str]]:
+    """{iteration: {task_id: marker}} as every iterations/<N>/progress.md shows them."""
     out = {}
     for it in sorted((Path(session_dir) / "iterations").iterdir(), key=lambda p: int(p.name)):
         pm = it / "progress.md"

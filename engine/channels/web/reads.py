@@ -150,7 +150,7 @@ def iterations(workspace: str, session_id: str) -> list[dict]:
             "completed_at": meta.completed_at.isoformat() if meta.completed_at else None,
             "knowledge": meta.knowledge_decision,
             "tasks": [{"id": t.id, "title": t.title, "batch": t.batch, "marker": t.marker,
-                       "note": t.note} for t in it.progress()],
+                       "note": t.note} for t in meta.task_lines()],
             "runs": it.runs()})
     return found
 
