@@ -256,7 +256,7 @@ def test_a_database_gone_too_long_stops_the_engine_resumably(tmp_path, own_clust
         if proc.poll() is None:
             proc.kill()
     assert code == 3, out + err
-    said = [line for line in (out + err).splitlines() if "does not answer" in line]
+    said = [line for line in (out + err).splitlines() if "cannot reach the store" in line]
     assert len(said) == 1 and "ralph session resume b" in said[0], out + err
     assert "Traceback" not in err
     postgres_cluster.start(root, port=int(url.rsplit(":", 1)[1].split("/")[0]))

@@ -14,7 +14,7 @@ import uuid
 import psycopg
 
 from .._atomic import durable_write_done
-from .._errors import StoreUnreachable
+from .._errors import BadInput, StoreUnreachable
 
 # LISTEN/NOTIFY channels, payload {"s": id, "w": what, "q": qid}: the fleet's (what a
 # channel serving every session hears) and each session's own (what its engine hears:
@@ -105,22 +105,25 @@ class Database:
         self.reconnect_seconds = reconnect_window() if reconnect_seconds is None \
             else reconnect_seconds
         self._lock = threading.RLock()
-        self._conn: psycopg.Connection | None = None
         self._pid = os.getpid()
-        self._connect()
+        # the first connection is not waited for: a command given a wrong URL, a refused
+        # password or a database that is down says so at once (a lost one is waited for)
+        self._conn: psycopg.Connection | None = self.connect(patience=0.0)
         self._migrate()
 
-    def connect(self, *, autocommit: bool = True) -> psycopg.Connection:
-        """A new connection of its own (a lease, a listener), with backoff."""
-        deadline = time.monotonic() + self.reconnect_seconds
+    def connect(self, *, patience: float | None = None) -> psycopg.Connection:
+        """A new connection of its own (a lease, a listener), with backoff for up to
+        `patience` seconds (the reconnect window by default)."""
+        window = self.reconnect_seconds if patience is None else patience
+        deadline = time.monotonic() + window
         delay = 0.05
         while True:
             try:
-                return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=5)
+                return psycopg.connect(self.url, autocommit=True, connect_timeout=5)
             except psycopg.OperationalError as e:
                 if time.monotonic() + delay > deadline:
-                    raise StoreUnreachable(f"{shown_url(self.url)}: the store's database does "
-                                           f"not answer ({_first_line(e)})") from None
+                    raise StoreUnreachable(f"{shown_url(self.url)}: cannot reach the store's "
+                                           f"database ({_first_line(e)})") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -137,6 +140,10 @@ class Database:
             cur.execute("CREATE TABLE IF NOT EXISTS ralph_schema (version integer PRIMARY KEY, "
                         "applied_at timestamptz NOT NULL DEFAULT now())")
             current = scalar(cur, "SELECT coalesce(max(version), 0) FROM ralph_schema")
+            known = MIGRATIONS[-1][0]
+            if current > known:
+                raise BadInput(f"{shown_url(self.url)}: the store's schema is version {current}, "
+                               f"newer than this ralph knows ({known}): upgrade ralph")
             for version, sql in MIGRATIONS:
                 if version > current:
                     cur.execute(sql)
@@ -183,8 +190,8 @@ class Database:
                         raise   # the statement failed, not the connection
                     self._conn, retry = None, True
                     if time.monotonic() + delay > deadline:
-                        raise StoreUnreachable(f"{shown_url(self.url)}: the store's database "
-                                               f"does not answer ({_first_line(e)})") from None
+                        raise StoreUnreachable(f"{shown_url(self.url)}: cannot reach the "
+                                               f"store's database ({_first_line(e)})") from None
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
 
