@@ -119,8 +119,10 @@ class PostgresSessions:
         return PostgresQuestions(self.db, check_id(sid))
 
     def watch(self, notify: Callable[[Change], None]) -> "Listener":
-        """`notify(change)` for every session's change in the fleet (LISTEN/NOTIFY)."""
-        return Listener(self.db, lambda change: notify(change))
+        """`notify(change)` for every session's change in the fleet (LISTEN/NOTIFY): a
+        session made, its bus appended to, a question asked or marked (what the file
+        store's watch says; signals and answers wake only the session's engine)."""
+        return Listener(self.db, notify, whats=("session", "events", "question"))
 
 
 class Listener:
