@@ -109,6 +109,8 @@ class Database:
         # the first connection is not waited for: a command given a wrong URL, a refused
         # password or a database that is down says so at once (a lost one is waited for)
         self._conn: psycopg.Connection | None = self.connect(patience=0.0)
+        self.generation = 1   # the shared connection's: a new one holds none of the old's locks
+        self._locks: set[int] = set()   # advisory locks this process holds on it
         self._migrate()
 
     def connect(self, *, patience: float | None = None) -> psycopg.Connection:
@@ -130,7 +132,43 @@ class Database:
     def _connect(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._pid != os.getpid():
             self._conn, self._pid = self.connect(), os.getpid()
+            self.generation += 1
+            self._locks.clear()   # they ended with the connection that held them
         return self._conn
+
+    # --- session-level advisory locks on the shared connection (an engine's lease) ---
+
+    def try_lock(self, key: int, then=None) -> int | None:
+        """Take advisory lock `key` on the shared connection (once per process: a second
+        handle in this process is refused too), then run `then(connection)`: the
+        connection's generation, or None when another holds it."""
+        with self._lock:
+            conn = self._connect()
+            if key in self._locks or not scalar(conn, "SELECT pg_try_advisory_lock(%s)",
+                                                (key,)):
+                return None
+            self._locks.add(key)
+            if then is not None:
+                then(conn)
+            return self.generation
+
+    def holds(self, key: int, generation: int) -> bool:
+        """Whether the lock taken at `generation` is still held: the connection that took
+        it is the shared one still (not reopened since: its locks ended with it)."""
+        with self._lock:
+            return generation == self.generation and key in self._locks \
+                and self._conn is not None and not self._conn.closed
+
+    def unlock(self, key: int, generation: int) -> None:
+        with self._lock:
+            conn = self._conn
+            if conn is None or not self.holds(key, generation):
+                return
+            self._locks.discard(key)
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except psycopg.Error:   # the connection is gone, and the lock with it
+                self._conn = None
 
     def _migrate(self) -> None:
         conn = self._connect()
@@ -249,20 +287,12 @@ def database(url: str) -> Database:
 
 
 class HeldByConnection:
-    """An advisory lock held by a connection of its own: `release()` lets go at once (a
-    closed connection's backend lets go only when it has exited), and the holder's death
-    lets go too (its connection ends)."""
+    """An advisory lock held by a connection of its own (a channel's, one in a fleet):
+    `release()` lets go at once (a closed connection's backend lets go only when it has
+    exited), and the holder's death lets go too (its connection ends)."""
 
     def __init__(self, conn: psycopg.Connection):
         self._conn = conn
-
-    def held(self) -> bool:
-        """Whether it still holds (its connection lives: a restarted database ended it)."""
-        try:
-            self._conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
 
     def release(self) -> None:
         try:

@@ -1,48 +1,48 @@
-"""The engine's lease on a session: a session-level advisory lock on a connection of its
-own, and who holds it (pg_locks: the database's own view of live holders)."""
+"""The engine's lease on a session: a session-level advisory lock on the engine's shared
+connection to the store, and who holds it (pg_locks: the database's own view of live
+holders). The engine dying ends its connection, and the lease with it."""
 from __future__ import annotations
 
 import os
 import time
 
-import psycopg
-
 from .._errors import SessionLocked
-from ._db import HeldByConnection, scalar, Database, _lock_key, this_machine
+from ._db import Database, _lock_key, this_machine
 
 
-class PostgresLease(HeldByConnection):
-    """The engine's hold on a session: a session-level advisory lock on a connection of
-    its own. The engine dying closes the connection, which ends the lease."""
+class PostgresLease:
+    """The engine's hold on a session, for its lifetime."""
 
-    def __init__(self, conn: psycopg.Connection, sid: str, db: Database):
-        super().__init__(conn)
-        self.session_id, self._db = sid, db
+    def __init__(self, db: Database, sid: str, generation: int):
+        self._db, self.session_id, self._generation = db, sid, generation
+        self._key = _lock_key("lease", sid)
 
     def keep(self) -> None:
-        """Its connection lost (the database restarted, its backend was killed), the lock
-        went with it: taken again at once, unless another engine was quicker."""
-        if self.held():
-            return
-        self._conn = type(self).take(self._db, self.session_id, 0)._conn
+        """The connection that held it was lost (the database restarted, its backend was
+        killed) and the lock went with it: taken again at once, unless another engine was
+        quicker (SessionLocked)."""
+        if not self._db.holds(self._key, self._generation):
+            self._generation = type(self).take(self._db, self.session_id, 0)._generation
+
+    def release(self) -> None:
+        self._db.unlock(self._key, self._generation)
 
     @classmethod
     def take(cls, db: Database, sid: str, wait_seconds: float) -> "PostgresLease":
-        conn = db.connect()
-        key = _lock_key("lease", sid)
+        def name_holder(conn) -> None:
+            conn.execute("INSERT INTO ralph_leases (session_id, pid, machine, backend_pid) "
+                         "VALUES (%s, %s, %s, pg_backend_pid()) ON CONFLICT (session_id) "
+                         "DO UPDATE SET pid = excluded.pid, machine = excluded.machine, "
+                         "backend_pid = excluded.backend_pid",
+                         (sid, os.getpid(), this_machine()))
         deadline = time.monotonic() + wait_seconds
-        while not scalar(conn, "SELECT pg_try_advisory_lock(%s)", (key,)):
+        while (generation := db.try_lock(_lock_key("lease", sid), name_holder)) is None:
             if time.monotonic() >= deadline:
-                conn.close()
                 holder = _lease_holder(db, sid)
                 raise SessionLocked(f"session {sid} is locked by a running engine "
                                     f"(pid {holder if holder and holder > 0 else 'unknown'})")
             time.sleep(0.01)
-        conn.execute("INSERT INTO ralph_leases (session_id, pid, machine, backend_pid) "
-                     "VALUES (%s, %s, %s, pg_backend_pid()) ON CONFLICT (session_id) DO UPDATE "
-                     "SET pid = excluded.pid, machine = excluded.machine, "
-                     "backend_pid = excluded.backend_pid", (sid, os.getpid(), this_machine()))
-        return cls(conn, sid, db)
+        return cls(db, sid, generation)
 
 
 def _lease_holder(db: Database, sid: str) -> int | None:
