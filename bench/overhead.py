@@ -119,3 +119,40 @@ def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
                  f"wall medians {ms(w_med_last)} vs {ms(w_med_first)}; metadata.yaml "
                  f"{second} B at iteration 2, {final_size} B at the end"),
     ]
+
+
+def run_diagnostics(base: str, iterations: int = 300, rounds: int = 3) -> list[Row]:
+    """The cost of `diagnostics: true` on a transition: the engine's CPU per transition with
+    diagnostics on against off, the two interleaved over `rounds` in the same run (median)."""
+    import session_store
+    from engine.config import Config
+    from engine.driver import Engine
+    from session_store import Limits
+
+    def cpu_per_transition(diagnostics: bool) -> float:
+        workspace = tempfile.mkdtemp(prefix="ralph-bench-diagnostics-", dir=base)
+        try:
+            session = session_store.create(workspace, "bench: diagnostics", now=now(),
+                                           limits=Limits(max_iterations=iterations + 1))
+            agent = NoopAgent(iterations, None)
+            engine = Engine(session, Config(diagnostics=diagnostics),
+                            agent_for=lambda role: agent, out=io.StringIO())
+            cpu_start = time.process_time()
+            if engine.run() != 0:
+                raise RuntimeError("diagnostics bench: the session did not complete")
+            cpu = time.process_time() - cpu_start - agent.own_cpu
+            return cpu / session.metadata.orchestrator.transitions
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+
+    say(f"diagnostics: {rounds} rounds of {iterations} iterations, off and on")
+    off, on = [], []
+    for _ in range(rounds):
+        off.append(cpu_per_transition(False))
+        on.append(cpu_per_transition(True))
+    return [Row("1 engine overhead", "CPU per transition with diagnostics on (aim < 1.10)",
+                f"CPU {ms(median(on), 3)}", f"off: CPU {ms(median(off), 3)}",
+                ratio(median(on), median(off)),
+                note=f"median of {rounds} interleaved runs of {iterations} iterations each; "
+                     f"rounds on {', '.join(ms(v, 3) for v in on)}, off "
+                     f"{', '.join(ms(v, 3) for v in off)}")]

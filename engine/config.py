@@ -158,6 +158,30 @@ class Git:
     commits: bool = True   # in a git workspace: a branch per session, a commit per [x] task
 
 
+class OnError(enum.Enum):
+    WARN = "warn"      # record it, say it, go on
+    BLOCK = "block"    # refuse the step (which steps: BLOCKABLE)
+    PAUSE = "pause"    # pause the session before the step (exit 3)
+
+
+# what a lifecycle hook may be attached to, as `pre.EVENT` or `post.EVENT` (engine/hooks.py)
+HOOK_EVENTS = ("session.start", "iteration.start", "plan.ready", "human.question",
+               "session.complete", "session.error", "session.pause")
+# the steps a failing pre hook may refuse (on_error: block), and those it may pause before;
+# a post hook, and a pre hook of a question, a pause or an error, can only warn: the step
+# happened, or is the human's (a question is asked once its file is written)
+BLOCKABLE = ("pre.session.start", "pre.plan.ready", "pre.session.complete")
+PAUSABLE = ("pre.session.start", "pre.iteration.start", "pre.plan.ready",
+            "pre.session.complete")
+
+
+@define
+class HookSpec:
+    command: list[str] = field(factory=list)
+    on_error: OnError = OnError.WARN
+    timeout_seconds: float = 30.0
+
+
 @define
 class Config:
     agent: AgentConfig = field(factory=AgentConfig)
@@ -168,6 +192,8 @@ class Config:
     fallback: Fallback = field(factory=Fallback)
     blockers: Blockers = field(factory=Blockers)
     git: Git = field(factory=Git)
+    hooks: dict[str, list[HookSpec]] = field(factory=dict)   # "pre.plan.ready": [...]
+    diagnostics: bool = False   # or RALPH_DIAGNOSTICS=1: JSONL under diagnostics/
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled

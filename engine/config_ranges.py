@@ -7,7 +7,7 @@ import math
 
 from session_store import ROLES, shown
 
-from .config import Backend, Config, OnLimit
+from .config import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError, OnLimit)
 
 MAX_PARALLEL = 32   # agents of one batch at once
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
@@ -96,4 +96,30 @@ def range_errors(config: Config) -> list[str]:
         value = getattr(config.fallback, name)
         if f"fallback.{name}" not in not_finite and not 0 <= value <= 1:
             errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {shown(value)}")
+    errors += hook_errors(config)
+    return errors
+
+
+def hook_errors(config: Config) -> list[str]:
+    """`hooks:`: each key `pre.EVENT` or `post.EVENT`, each hook a command with a timeout,
+    and an on_error its step allows (a post hook, or a pre hook of a pause or an error, can
+    only warn: its step has happened, or cannot be refused)."""
+    errors = []
+    names = [f"{phase}.{event}" for event in HOOK_EVENTS for phase in ("pre", "post")]
+    for key, hooks in config.hooks.items():
+        where = f"$.hooks[{key!r}]"
+        if key not in names:
+            errors.append(f"{where}: expected pre. or post. and one of {', '.join(HOOK_EVENTS)}")
+            continue
+        for i, hook in enumerate(hooks):
+            if not hook.command:
+                errors.append(f"{where}[{i}].command: expected a non-empty argv list")
+            if not (0 < hook.timeout_seconds <= 86400):
+                errors.append(f"{where}[{i}].timeout_seconds: expected more than 0 and at "
+                              f"most 86400 seconds, got {shown(hook.timeout_seconds)}")
+            allowed = {OnError.WARN} | ({OnError.BLOCK} if key in BLOCKABLE else set()) \
+                | ({OnError.PAUSE} if key in PAUSABLE else set())
+            if hook.on_error not in allowed:
+                errors.append(f"{where}[{i}].on_error: {hook.on_error.value} is not possible "
+                              f"on {key}; expected {' or '.join(sorted(o.value for o in allowed))}")
     return errors

@@ -15,13 +15,15 @@ COMPLETE or PAUSED; then the exit code.
   ParallelBatch  event_loop.parallel: a batch's tasks at once, each on a lane (a worktree)
   AgentRunner    one role invocation, observed by the assessor, ledger and desk
   SessionMachine the table's machine, its hooks calling the parts above
+  Hooks          the human's lifecycle hooks (ralph.yml `hooks:`), run at their events
   Work           the context the states see
 """
 from __future__ import annotations
 
 import sys
 
-from session_store import DiskFault, PauseKind, Session, State, Status, StoreUnreachable
+from session_store import (BadInput, DiskFault, PauseKind, Session, State, Status,
+                           StoreUnreachable)
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -31,6 +33,9 @@ from . import config as cfg
 from .config import Config
 from .console import Console
 from .context import Work
+from .diagnostics import Diagnostics, enabled as diagnostics_on
+from .hooks import Hooks
+from .lifecycle import LifecycleHooks
 from .humans import Assessor, BlockerLedger, HumanDesk, RunQuestions
 from .inlet import Inlet
 from .knowledge import KnowledgeKeeper
@@ -92,7 +97,17 @@ class Engine:
         desk.on_answer.append(assessor.after_answer)
         self.ledger = BlockerLedger(session, config.blockers, lambda: tracker.metadata.fallback,
                                     outside_allowed=outside)
-        runner.observers += [self._assess_run, self._count_blockers, self._ask_humans]
+        self.diagnostics = Diagnostics(session, self.clock) if diagnostics_on(config) else None
+        self.hooks = hooks = LifecycleHooks(
+            Hooks(session, config.hooks, self.clock, state=lambda: state().value, say=self.say,
+                  observe=self.diagnostics.hook if self.diagnostics else None),
+            session, tracker, say=self.say, publish=self.publish)
+        desk.on_question.append(hooks.question)
+        runner.observers += [self._assess_run, self._count_blockers, self._ask_humans,
+                             hooks.judge_plan]
+        if self.diagnostics is not None:
+            runner.observers.insert(0, self._diagnose_run)
+            runner.gates_judged = self.diagnostics.gates
         runner.run_ended += [lambda unit, run: asked.end_run(run),
                              lambda unit, run: desk.release_in_run_questions(unit),
                              lambda unit, run: desk.announce()]
@@ -100,7 +115,7 @@ class Engine:
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
-            Hook.ASSESS: self.assessor.check,
+            Hook.ASSESS: self._assess,
             Hook.HOLD: lambda nxt: desk.hold()})
         repo = WorkspaceGit(session.workspace) if session.metadata.git else None
         self.commits = TaskCommits(repo, session, say=self.say) if repo else None
@@ -146,11 +161,22 @@ class Engine:
                 self.inlet.start()
                 return self._run(resume, lease)
             except DiskFault as fault:
-                return self._stopped_by_disk(fault)
+                self.hooks.error("pre", f"disk: {fault}")
+                code = self._stopped_by_disk(fault)
+                self.hooks.error("post", f"disk: {fault}")
+                return code
             except StoreUnreachable as e:   # nothing to record it in: the console says it
+                self.hooks.error("pre", f"store: {e}")
                 self.say(f"paused: {e}; once it answers: ralph session resume "
                          f"{self.session.id}")
+                self.hooks.error("post", f"store: {e}")
                 return 3
+            except (BadInput, KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:   # an internal error (exit 1): the hooks hear of it
+                for phase in ("pre", "post"):
+                    self.hooks.error(phase, f"internal error: {type(e).__name__}: {e}")
+                raise
             finally:
                 self.inlet.stop()
         finally:
@@ -180,7 +206,13 @@ class Engine:
             if pending is None and self.current not in (State.PAUSED, State.COMPLETE):
                 # an interrupted session: a PAUSE or ABORT queued meanwhile goes first
                 pending = self.mailbox.poll(Mode.CHECKPOINT)
-            if pending is not None:
+            if pending is None and self.current is not State.COMPLETE:
+                pending = self.hooks.start(resume)
+            if pending is not None and self.current is State.PAUSED:
+                # a pre.session.start hook paused a paused session: it stays paused
+                self.tracker.set_paused(pending.reason, pending.kind)
+                self.tracker.save()
+            elif pending is not None:
                 self.fire(pending)
             elif resume and self.current is State.PAUSED:
                 self.desk.note_resumed()
@@ -191,8 +223,12 @@ class Engine:
                 if limit is not None:
                     self.fire(limit)
                     break
+                if self.current is State.PLANNING and (stop := self.hooks.iteration_start()):
+                    self.fire(stop)
+                    break
                 self.fire(WORK[self.current](self.work))
             WORK[self.current](self.work)  # PAUSED / COMPLETE: their closing work
+            self.hooks.ended()
         finally:
             stop_bot()
             stop_watching()
@@ -216,6 +252,8 @@ class Engine:
         """Fire `nxt`, or what a hook decided instead (a PAUSE or ABORT taken, a timeout
         policy), until one is fired."""
         before = self.current
+        if nxt.trigger is Trigger.PAUSE:
+            self.hooks.pausing(nxt)
         while (decision := self.machine.fire(nxt)) is not None:
             if decision.trigger is Trigger.PAUSE and self.current is State.PAUSED:
                 # the hold before a resume ended in a pause (a human's answer asked for it):
@@ -225,6 +263,10 @@ class Engine:
                 self.say(f"stays {self.current}: {decision.reason}")
                 return
             nxt = decision
+            if nxt.trigger is Trigger.PAUSE:
+                self.hooks.pausing(nxt)
+        if nxt.trigger is Trigger.PLAN_READY:
+            self.hooks.plan_accepted()
         if nxt.signal is not None:
             self.mailbox.mark_applied(nxt.signal, nxt.trigger)
         self.say(f"{before} -> {self.current} ({nxt.trigger}"
@@ -248,6 +290,8 @@ class Engine:
                 ts=lt.at.isoformat()):
             # the state's work is recorded: guidance delivered to it is done with
             self.mailbox.forget_delivered()
+            if self.diagnostics is not None:
+                self.diagnostics.transition(lt)
 
     def reconcile(self) -> None:
         """After a crash between persisting metadata and recording the transition, the
@@ -288,6 +332,16 @@ class Engine:
         if self.assessor.observe_run(unit, result.emitted, result.judged, o.exit_code,
                                      o.timed_out):
             self.assessor.check()
+
+    def _assess(self, nxt: Next) -> Next | None:
+        decision = self.assessor.check(nxt)
+        if self.diagnostics is not None:
+            self.diagnostics.assessment(self.assessor.obs.last)
+        return decision
+
+    def _diagnose_run(self, result: RunResult) -> None:
+        assert self.diagnostics is not None   # observes runs only when diagnostics are on
+        self.diagnostics.run(result, self.limits.agent_config(result.role))
 
     def _count_blockers(self, result: RunResult) -> Next | None:
         return self.ledger.observe(result.emitted)

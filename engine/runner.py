@@ -98,6 +98,8 @@ class AgentRunner:
         # each gets the run's unit of work and its id
         self.run_ended: list[Callable[[str, str], None]] = []
         self.woken: list[Callable[[], None]] = []   # run on every wakeup while an agent runs
+        # diagnostics: each run's gate verdicts (role, task id, judged events, gated topics)
+        self.gates_judged: Callable[[str, str | None, list[dict], tuple], None] | None = None
         self.skip_cooldown = False     # a human answered: the next run starts at once
         self.current_task: PlannedTask | None = None
         self.latest_outcome: str | None = None    # the last build/verify evidence seen
@@ -305,6 +307,7 @@ class AgentRunner:
                            admit=self._admit, wakeup=self.wakeup, say=self._say,
                            clock=self.clock)
         lane.observers, lane.run_ended, lane.woken = self.observers, self.run_ended, self.woken
+        lane.gates_judged = self.gates_judged
         lane._attempts = self._attempts
         lane.tree, lane.batch = tree, batch
         return lane
@@ -333,6 +336,8 @@ class AgentRunner:
         """Judge a run's events. Each rewrite or note is recorded on the bus and reaches the
         same role's next prompt, so the agent learns why."""
         judged = gates.judge_run(emitted)
+        if self.gates_judged is not None:
+            self.gates_judged(role, task.id if task else None, judged, tuple(gates.GATES))
         notes = []
         for event in judged:
             gate = event.get("gate")

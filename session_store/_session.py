@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ._atomic import (fsync_dir, make_dirs, read_nofollow,
                       write_atomic)
+from . import _diagnostics
 from ._work import WorkArea
 from ._codec import structure, unstructure
 from ._errors import BadInput, StaleMetadata, UnknownSession
@@ -227,6 +228,18 @@ class Session(DiskFaults):
                                  MAX_SCRATCHPAD_BYTES).decode("utf-8", errors="replace")
         except OSError:   # none, or a symlink planted in its place: not read
             return None
+
+    # --- a hook run's log (descriptor, path), diagnostics: see _diagnostics ---
+
+    def open_hook_log(self, name: str, now: datetime) -> tuple[int, str]:
+        path = _diagnostics.hook_log(self.work_dir, name, now)
+        return self.work.open_file(path), path
+
+    def append_diagnostics(self, records: list[dict]) -> None:
+        _diagnostics.append(self.dir, records)
+
+    def diagnostics(self) -> list[dict]:
+        return _diagnostics.read(self.dir)
 
     # --- the config it started with, its end ---
 

@@ -34,3 +34,4 @@ class PauseKind(enum.Enum):
     FAILURE = "failure"    # the work cannot go on without a human: exit 3
     BLOCKER = "blocker"    # the same blocker three times: exit 3
     USAGE_LIMIT = "usage_limit"   # the agent CLI's usage limit, on_limit: pause: exit 3
+    HOOK = "hook"          # a lifecycle hook failed with on_error: pause: exit 3

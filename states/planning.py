@@ -23,7 +23,8 @@ def run(ctx: StateContext) -> Next:
         clarified = [{"topic": "human.response", "payload": {"question": q, "answer": a}}
                      for q, a in ctx.human_answers("questioner")]
         verdict = ctx.run_until_outcome("planner", None, _leftovers(ctx) + clarified,
-                                        done=("plan.ready", COMPLETION))
+                                        done=("plan.ready", COMPLETION),
+                                        blocked="plan.blocked")
         if isinstance(verdict, Next):
             return verdict
         if verdict.kind != "done":

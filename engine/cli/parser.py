@@ -152,6 +152,13 @@ def build_parser():
     p.add_argument("session_id", metavar="ID", help="the session")
     p.set_defaults(handler=sessions.cmd_clean)
 
+    p = ssub.add_parser("diagnose", parents=[common],
+                        help="a summary of a session's diagnostics: the path it took, its "
+                             "slowest runs, failing gates and hooks")
+    p.add_argument("session_id", metavar="ID", nargs="?",
+                   help=SESSION_FLAGS_HELP + ", then the newest")
+    p.set_defaults(handler=sessions.cmd_diagnose)
+
     p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(handler=sessions.cmd_list)

@@ -131,6 +131,16 @@ def cmd_clean(args) -> int:
     return EXIT_OK
 
 
+def cmd_diagnose(args) -> int:
+    from session_store import load, resolve_id
+
+    from ..diagnostics import summary
+    ws = workspace(args)
+    session = load(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    print(summary(session.id, session.diagnostics()), flush=True)
+    return EXIT_OK
+
+
 def _demo_mode(config, config_path: str | None) -> str | None:
     """When the demo agent plays (no model is called): what to say first, so it is never
     taken for a real run; and, for the built-in scenario, its promoted knowledge goes under

@@ -36,6 +36,9 @@ class HumanDesk:
         self._say = say
         self._state = state              # the machine's current state
         self.on_answer: list[AnswerObserver] = []   # the runner's cooldown, the assessor
+        # (phase, question) before ("pre") and after ("post") a question is announced:
+        # the lifecycle hooks
+        self.on_question: list[Callable[[str, questions.Question], None]] = []
         # qid -> settled | timed_out: what deliver_answers need not read again
         self._question_states: dict[str, str] = {}
         self._announced: set[str] = set()
@@ -79,6 +82,8 @@ class HumanDesk:
         if question.id in self._announced:
             return
         self._announced.add(question.id)
+        for observe in self.on_question:
+            observe("pre", question)
         c = question.context
         who = f"the {c.role}" + (f" ({c.task})" if c.task else "") if c.role else "ralph"
         lines = [f"question {question.id} from {printable(who)}"
@@ -100,6 +105,8 @@ class HumanDesk:
         lines.append(f"  answer: ralph session answer {self.session.id} \"...\" "
                      f"--question {question.id}")
         self._say("\n".join(lines))
+        for observe in self.on_question:
+            observe("post", question)
 
     def announce(self) -> None:
         """What agents told the humans since the last look: in-run questions, progress,
