@@ -1,7 +1,8 @@
 """Running a role until it reaches an outcome (seed 002's loop for one piece of work).
 
-A blocked outcome (the agent's own, or a gate's rewrite) goes back to the same role
-with the reason; three in a row abandon the work (thrashing). A run that emits no
+A blocked outcome (the agent's own, or a gate's rewrite, even to a topic the role may
+emit as its failure: a failing verify.passed becomes verify.failed) goes back to the
+same role with the reason; three in a row abandon the work (thrashing). A run that emits no
 outcome gets a `task.resume` retry; after three retries without progress (four runs)
 the work ends without one.
 """
@@ -47,7 +48,7 @@ def run_until_outcome(runner, role: str, task, pending: list[dict], *, done: tup
                            f"({' / '.join(done + failed)})"})]
         elif final["topic"] in done:
             verdict, attempt = Verdict("done", final, None), "done"
-        elif final["topic"] in failed:
+        elif final["topic"] in failed and "rewritten_from" not in final.get("gate", {}):
             verdict, attempt = Verdict("failed", final, f"{final['topic']}: "
                                        f"{_reason(final)}"), "failed"
         else:
@@ -55,7 +56,7 @@ def run_until_outcome(runner, role: str, task, pending: list[dict], *, done: tup
             verdict = None
             if blocked_streak >= MAX_BLOCKED:
                 verdict = Verdict("thrashing", final, f"abandoned after {MAX_BLOCKED} "
-                                  f"consecutive {blocked}: {_reason(final)}")
+                                  f"consecutive {final['topic']}: {_reason(final)}")
             else:
                 pending = [final]
         if after_each:

@@ -60,6 +60,27 @@ SKILLS = (
     "you; never ask again what was answered (see ROBOT GUIDANCE and PENDING EVENTS); never "
     "ask and report progress in the same turn; offer options and a default when you can.\n")
 
+# Seed 001 §3.1 and §4 step 3.5: in the executor's skills rather than its instructions,
+# so that a config's own executor instructions keep it.
+STEER_SKILL = (
+    "\n### Steering while you work (STEER)\n"
+    "Poll with `{ralph} tools signals poll` at each step boundary: before you start, "
+    "between reading the context, implementing and verifying, and every few minutes of a "
+    "long implementation. INFO adds facts: take them and go on. For each STEER, compare "
+    "its message with the files you already changed, the task's success criteria and the "
+    "task's objective, then take one branch:\n"
+    "- no STEER, or it changes nothing you do: continue.\n"
+    "- adjust: it adds a constraint or context without invalidating your work (\"also "
+    "handle edge case Z\"): keep it among your constraints and go on from where you are.\n"
+    "- restart the task: it contradicts work already done (\"use library X\" when you "
+    "integrated Y): redo the implementation with it, and say in your evidence "
+    "\"Restarted due to STEER: <summary>\".\n"
+    "- escalate: it changes what the task is (\"don't build A, build B\"): do not redefine "
+    "the task yourself; publish `{ralph} emit task.failed \"STEER scope change: "
+    "<summary>\"` and end your run: the Planner redefines the task.\n"
+    "PAUSE and ABORT listed under engine_will_act_on are the engine's: stop starting new "
+    "work, the engine stops the run.\n")
+
 MCP_SKILL = (
     "### Your tools (MCP)\n"
     "Use the tools of the `ralph` MCP server first: `emit` (topic, payload: your outcome, "
@@ -95,6 +116,8 @@ def build(objective: str, role: str, instructions: str | None, guidance: list[st
     if mcp:
         head, rest = skills.split("### Events\n", 1)
         skills = head + MCP_SKILL + "### Events\n" + rest
+    if role == "executor":
+        skills += STEER_SKILL.replace("{ralph}", ralph)
     parts.append(skills)
     parts.append(LAST_RESORT.replace("  ralph emit", f"  {ralph} emit"))
     return "\n".join(parts)

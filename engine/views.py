@@ -287,10 +287,32 @@ def list_views(workspace: str) -> list[dict]:
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
             "objective": m.objective.splitlines()[0] if m.objective else "",
-            **_place(session)})
-    # paused first, then the rest, newest first within each group
-    views.sort(key=lambda v: (v.get("status") != "paused", -v.get("age_seconds", 0) * -1))
+            **_human_wait(session, now), **_place(session)})
+    # who waits on a human first (longest wait first), then paused ones, then the rest;
+    # newest first within each group
+    views.sort(key=lambda v: (not v.get("questions_pending"),
+                              -(v.get("oldest_question_age_seconds") or 0),
+                              v.get("status") != "paused", v.get("age_seconds", 0)))
     return views
+
+
+def _human_wait(session, now: datetime) -> dict:
+    """How many questions wait on a human, and since when the oldest has waited."""
+    pending = session.questions.pending()
+    oldest = min((q.asked_at for q in pending), default=None)
+    return {"questions_pending": len(pending),
+            "oldest_question_asked_at": oldest.isoformat() if oldest else None,
+            "oldest_question_age_seconds":
+                round((now - oldest).total_seconds()) if oldest else None}
+
+
+def _waiting_text(v: dict) -> str:
+    """"2 questions waiting, the oldest for 5m" ('' when none waits)."""
+    n = v.get("questions_pending")
+    if not n:
+        return ""
+    return (f"{n} question{'s' if n > 1 else ''} waiting, the oldest for "
+            f"{_age(v['oldest_question_age_seconds'])}")
 
 
 def list_text(views: list[dict]) -> str:
@@ -310,6 +332,7 @@ def list_text(views: list[dict]) -> str:
                         if v.get("machine") else "")
                      + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
                      + (f"  — {printable(v['waiting'])}" if v["waiting"] else "")
+                     + (f"  — {_waiting_text(v)}" if v["questions_pending"] else "")
                      + (f"  — resume: ralph session resume {v['session_id']}"
                         if status == "interrupted" else ""))
     return "\n".join(lines)

@@ -2,7 +2,11 @@
 last batch the Librarian stages what the iteration learned.
 
 `review.done` is gated (it needs `tests: pass` and `build: pass`); `review.rejected`
-sends the task, with the reason, to the next iteration's planning. A review is the commit
+sends the task, with the reason, to the next iteration's planning. A review of what is
+not code (docs, a design) says the same with seed 002's quality report instead:
+`verify.passed` (gated: tests, lint, audit pass, coverage >= 80, mutation >= 70,
+complexity <= 10; a failing one comes back as verify.failed, to retry) approves, and the
+reviewer's own `verify.failed` rejects. A review is the commit
 point of a review: on resume, tasks with one are skipped.
 """
 from __future__ import annotations
@@ -25,7 +29,8 @@ def run(ctx: StateContext) -> Next:
             "reviewer", task,
             [{"topic": "review.request", "payload": {"id": task.id, "title": task.title,
                                                      "report": it.latest_report(task.id)}}],
-            done=("review.done",), failed=("review.rejected",), blocked="review.blocked")
+            done=("review.done", "verify.passed"), failed=("review.rejected", "verify.failed"),
+            blocked="review.blocked")
         if isinstance(verdict, Next):
             return verdict
         if verdict.kind == "done":

@@ -90,12 +90,14 @@ def store_session(ws: Path, sid: str = SID):
     return session_store.create(str(ws), "web objective", now=now(), session_id=sid)
 
 
-def ask(session, text: str, options=()) -> str:
+def ask(session, text: str, options=(), minutes_ago: float = 0) -> str:
+    """A pending question of an executor's, asked `minutes_ago` (its deadline still ahead)."""
     from session_store import questions
     from session_store._questions import Question, QuestionContext
-    qid = questions.new_question_id(now())
+    asked_at = now() - timedelta(minutes=minutes_ago)
+    qid = questions.new_question_id(asked_at)
     questions.ask(session.dir, Question(
-        id=qid, text=text, asked_at=now(), deadline=now() + timedelta(minutes=10),
+        id=qid, text=text, asked_at=asked_at, deadline=now() + timedelta(minutes=10),
         on_timeout="continue", kind="in_run", options=list(options),
         context=QuestionContext(session=session.id, state="EXECUTING_BATCH", iteration=1,
                                 role="executor", task="t1")))

@@ -134,6 +134,66 @@ def test_verify_passed_rewritten_and_verify_failed_warned(workspace):
     assert progress_markers(sd) == {"1": {"t1": "x", "t2": "x"}}
 
 
+# seed 002's docs reviewer: its instructions map the quality report to its own domain
+DOCS_REVIEWER = {"roles": {"reviewer": {"instructions": (
+    "You review documentation. Map accuracy to quality.tests, formatting to quality.lint, "
+    "completeness to quality.audit, section coverage to quality.coverage, freshness to "
+    "quality.mutation and readability to quality.complexity; publish verify.passed with "
+    "them, or verify.failed with them and what needs fixing.")}}}
+
+
+def test_a_non_code_reviewer_is_judged_by_the_verify_gate(workspace):
+    """verify.passed approves once its report passes: a failing one comes back to the
+    reviewer as verify.failed with the reason, and the next attempt is judged again."""
+    r, sd = run_scenario(workspace, [
+        plan("docs"),
+        {"role": "reviewer", "attempt": 1, "emit": [{"topic": "verify.passed", "payload":
+                                                    QUALITY.replace("coverage: 95", "coverage: 60")}]},
+        {"role": "reviewer", "attempt": 2, "emit": [{"topic": "verify.passed",
+                                                    "payload": QUALITY}]},
+        *DONE], config=DOCS_REVIEWER)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rewritten = [e["payload"] for e in events(sd) if e["topic"] == "verify.failed"]
+    assert [p["rewritten_from"] for p in rewritten] == ["verify.passed"]
+    first, second = prompts(sd, "reviewer", "docs")
+    assert "You review documentation." in first
+    assert "verify.failed" in second and "quality.coverage: 60 (needs >= 80)" in second
+    review = (sd / "iterations/1/reviews/docs.md").read_text()
+    assert "approved" in review and "quality.coverage: 95" in review
+    assert progress_markers(sd) == {"1": {"docs": "x"}}
+
+
+def test_a_reviewers_verify_failed_rejects_and_warns_without_a_report(workspace):
+    """The reviewer's own verify.failed passes through the gate (with seed 002's warning
+    when it carries no quality report) and rejects: the task goes back to planning."""
+    r, sd = run_scenario(workspace, [
+        plan("docs"),
+        {"role": "reviewer", "iteration": 1, "emit": [
+            {"topic": "verify.failed", "payload": "the install section is stale"}]},
+        *DONE], config=DOCS_REVIEWER)
+    assert r.returncode == 0, r.stdout + r.stderr
+    evs = events(sd)
+    assert [e["payload"]["warning"] for e in evs if e["topic"] == "gate.note"] == [
+        "verify.failed without a quality report"]
+    assert not [e for e in evs if e["topic"] == "verify.failed" and e["source"] == "engine"]
+    assert len(prompts(sd, "reviewer", "docs")) == 1
+    assert "rejected" in (sd / "iterations/1/reviews/docs.md").read_text()
+    planning = prompts(sd, "planner", iteration=2)[0]
+    assert "review.rejected" in planning and "the install section is stale" in planning
+
+
+def test_three_failing_verify_reports_abandon_the_review(workspace):
+    r, sd = run_scenario(workspace, [
+        plan("docs"),
+        {"role": "reviewer", "iteration": 1, "emit": [{"topic": "verify.passed",
+                                                      "payload": "quality.tests: pass"}]},
+        *DONE], config=DOCS_REVIEWER)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(prompts(sd, "reviewer", "docs")) == 3
+    review = (sd / "iterations/1/reviews/docs.md").read_text()
+    assert "rejected" in review and "abandoned after 3 consecutive verify.failed" in review
+
+
 def test_completion_not_last_is_ignored_then_accepted(workspace):
     r, sd = run_scenario(workspace, [
         plan("t1"),

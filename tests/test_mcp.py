@@ -78,6 +78,22 @@ def test_tools_and_resources_are_listed_with_descriptions(workspace, session):
     assert resources == ["ralph://plan", "ralph://progress", "ralph://scratchpad"]
 
 
+def test_initialize_names_the_server_with_ralphs_version(workspace, session):
+    """The client learns which ralph it talks to: the version `ralph --version` prints."""
+    async def go():
+        params = StdioServerParameters(command=RALPH[0],
+                                       args=[*RALPH[1:], "mcp", "--session", "m1"],
+                                       cwd=str(workspace), env=base_env())
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                return (await s.initialize()).server_info
+    info = run(go)
+    printed = ralph(workspace, "--version")
+    assert printed.returncode == 0, printed.stderr
+    assert info.name == "ralph" and info.version
+    assert printed.stdout.strip() == f"ralph {info.version}"
+
+
 def test_emit_lands_once_and_errors_are_tool_errors(workspace, session):
     async def go(env):
         async with client(workspace, **of_run(env)) as s:

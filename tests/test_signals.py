@@ -41,6 +41,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.prompt import build as build_prompt
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
                      progress_markers, ralph, session_dir, signal_files, spawn, transitions,
                      work_dir, write_config, write_scenario)
@@ -340,6 +341,31 @@ def test_an_agent_takes_its_own_guidance_with_signals_poll(workspace):
     assert by_message["not for you"]["handling_metadata"]["handled_by"] == "Ralph-Orchestrator"
     assert all("mid-run steer" not in text for _, text in prompts(ws))
     assert "not for you" in guidance_section(prompt_of(ws, r"reviewer-t1"))
+    # the poll it made is the one its prompt asks for, with seed 001's STEER decision tree
+    executor_prompt = prompt_of(ws, r"executor-t1")
+    assert all(t in steer_skill(executor_prompt) for t in STEER_TREE), executor_prompt
+    assert not steer_skill(prompt_of(ws, r"reviewer-t1"))
+
+
+# seed 001 §3.1's branches and §4 step 3.5's poll, as the executor's skills say them
+STEER_TREE = ("tools signals poll` at each step boundary", "continue", "adjust:",
+              "restart the task:", "Restarted due to STEER: <summary>", "escalate:",
+              "task.failed \"STEER scope change: <summary>\"")
+
+
+def steer_skill(prompt: str) -> str:
+    """The prompt's STEER section ('' when it has none)."""
+    m = re.search(r"^### Steering while you work \(STEER\)\n(.*?)(?=^##)", prompt, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+def test_the_steer_decision_tree_stays_with_the_executors_own_instructions():
+    """A config's executor instructions replace the role's text, not the STEER skill."""
+    own = build_prompt("objective", "executor", "Do it my way.", [], [], ralph="/bin/ralph")
+    assert "Do it my way." in own and all(t in steer_skill(own) for t in STEER_TREE)
+    assert "/bin/ralph tools signals poll" in steer_skill(own)
+    for role in ("planner", "reviewer", "librarian", "questioner"):
+        assert not steer_skill(build_prompt("objective", role, None, [], [])), role
 
 
 # --- PAUSE and ABORT ---

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -265,6 +266,37 @@ def test_answers_from_the_page_follow_the_cli_rules(workspace, web):
     from session_store import questions
     assert questions.read_answer(session.dir, first).text == "postgres"
     assert questions.read_answer(session.dir, first).channel == "web"
+
+
+def test_the_list_puts_who_waits_on_a_human_first_with_how_many_and_how_long(workspace, web):
+    """Sessions with pending questions lead, the longest wait first; each says how many
+    questions wait and since when the oldest has; an answered question no longer counts."""
+    from session_store import questions
+    store_session(workspace, "quiet")
+    recent, long_ago = store_session(workspace, "recent"), store_session(workspace, "long-ago")
+    ask(long_ago, "Which database?", minutes_ago=12)
+    ask(long_ago, "Ship it?", minutes_ago=1)
+    ask(recent, "Which region?", minutes_ago=3)
+    server = web()
+    with client(server) as c:
+        listed = c.get("/api/sessions").json()
+        assert [v["session_id"] for v in listed] == ["long-ago", "recent", "quiet"]
+        assert [v["questions_pending"] for v in listed] == [2, 1, 0]
+        assert 12 * 60 <= listed[0]["oldest_question_age_seconds"] < 13 * 60
+        assert 3 * 60 <= listed[1]["oldest_question_age_seconds"] < 4 * 60
+        oldest = datetime.fromisoformat(listed[0]["oldest_question_asked_at"])
+        assert timedelta(minutes=12) <= now() - oldest < timedelta(minutes=13)
+        assert listed[2]["oldest_question_asked_at"] is None
+        assert listed[2]["oldest_question_age_seconds"] is None
+        [region] = questions.pending(recent.dir)
+        assert ralph(workspace, "session", "answer", "recent", "eu", "--question",
+                     region.id).returncode == 0
+        listed = {v["session_id"]: v for v in c.get("/api/sessions").json()}
+        assert listed["recent"]["questions_pending"] == 0
+        assert listed["recent"]["oldest_question_asked_at"] is None
+    # `ralph session list` orders and says the same
+    first = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    assert first.startswith("long-ago") and "2 questions waiting, the oldest for 12m" in first
 
 
 def _post_chunked(server, path: str, total: int) -> tuple[int, bytes]:

@@ -184,7 +184,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         assert second.is_visible()
         # the README's picture: the top of the page, down to the diagram
         shot(page, "02-paused-with-a-question", clip={"x": 0, "y": 0, "width": 1280,
-                                                       "height": 1270})
+                                                       "height": 1500})
         shot(page, "02-paused-with-a-question-full")
 
         # the list: paused sessions first, with why
@@ -309,5 +309,108 @@ def test_the_page_shows_control_and_bidi_characters_as_escapes(workspace, browse
         assert "tests pass\\x1b[2J" in shown and "\\u202egnp.exe\\u202c" in shown
         assert "Deploy?\\x1b[2J" in card.text_content()
         assert page.locator("button.option").first.text_content().startswith("yes\\x1b[2J")
+    finally:
+        server.stop(expect=None)
+
+
+# An objective is agent-facing text and may carry markup: the list shows it as text.
+MARKUP_OBJECTIVE = 'Migrate the billing DB <img src="/x" id="injected-objective">'
+
+
+@pytest.mark.slow
+def test_the_list_says_who_waits_on_a_human_and_the_tab_counts_them(workspace, browser, shot):
+    """Sessions waiting on a human lead the list, marked with how many questions wait and
+    for how long; the tab's title counts them, live: a session asking elsewhere adds one,
+    an answer takes one away."""
+    import session_store
+    from _web import ask, now
+    from session_store import questions
+
+    def session(sid: str, objective: str):
+        return session_store.create(str(workspace), objective, now=now(), session_id=sid)
+    session("cache", "Add a read-through cache to the catalogue")
+    api = session("api", "Write the HTTP API of the order service")
+    ask(api, "Which database should the service use?", options=["sqlite", "postgres"],
+        minutes_ago=12)
+    ask(api, "Ship the API behind a feature flag?", minutes_ago=2)
+    docs = session("docs", "Document the public API")
+    ask(docs, "Publish the draft?", minutes_ago=4)
+    server = WebServer(workspace)
+    page = browser.new_page(viewport={"width": 1280, "height": 330})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server.page())
+        rows = page.locator("table.sessions tbody tr")
+        page.wait_for_function("() => document.querySelectorAll('table.sessions tbody tr')"
+                               ".length === 3")
+        assert [rows.nth(i).get_attribute("data-session") for i in range(3)] == \
+            ["api", "docs", "cache"]
+        api_row = page.locator('tr[data-session="api"]')
+        assert "waits-on-human" in api_row.get_attribute("class")
+        assert api_row.locator(".human-wait .asks").text_content() == "2 questions"
+        assert api_row.locator(".human-wait .since").text_content() == "oldest 12m ago"
+        assert page.locator('tr[data-session="cache"] .human-wait').text_content() == ""
+        assert page.locator('tr[data-session="cache"]').get_attribute("class") == \
+            "status-active"
+        assert page.title() == "(2) ralph — sessions"
+        shot(page, "07-sessions-waiting-on-a-human", full_page=False)
+
+        # live: a new session that asks counts (its objective shown as text), an answer
+        # uncounts
+        ask(session("billing", MARKUP_OBJECTIVE), "Keep the old tables?")
+        page.wait_for_function("t => document.title === t", arg="(3) ralph — sessions",
+                               timeout=10000)
+        billing_row = page.locator('tr[data-session="billing"].waits-on-human')
+        billing_row.wait_for()
+        assert MARKUP_OBJECTIVE in billing_row.locator(".objective").text_content()
+        assert page.locator("#injected-objective").count() == 0
+        [published] = questions.pending(docs.dir)
+        questions.answer(docs.dir, published.id, "yes", now=now())
+        page.wait_for_function("t => document.title === t", arg="(2) ralph — sessions",
+                               timeout=10000)
+        assert page.locator('tr[data-session="docs"]').get_attribute("class") == \
+            "status-active"
+        assert errors == []
+    finally:
+        server.stop(expect=None)
+
+
+@pytest.mark.slow
+def test_the_diagram_is_drawn_at_a_size_its_labels_can_be_read(workspace, browser, shot):
+    """The session page draws the machine at Graphviz's size (the smallest label, an edge's,
+    at least 12 px high) in a frame that scrolls, the current state in its middle;
+    "fit to width" shows it whole. Its title counts the session's questions."""
+    from _web import ask, store_session
+    session = store_session(workspace, "wide")
+    ask(session, "Which database?")
+    server = WebServer(workspace)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(server.page("/s/wide"))
+        diagram_state(page, "PLANNING")
+        page.wait_for_function("t => document.title === t", arg="(1) ralph — wide")
+        drawing = page.locator("#diagram .drawing")
+        sizes = drawing.evaluate("""d => ({
+            frame: d.clientWidth, scrolled: d.scrollWidth,
+            smallest: Math.min(...[...d.querySelectorAll('svg text')]
+                               .map((t) => t.getBoundingClientRect().height)),
+            current: d.querySelector('g.node.current').getBoundingClientRect().toJSON(),
+            box: d.getBoundingClientRect().toJSON()})""")
+        assert sizes["smallest"] >= 12, sizes
+        assert sizes["scrolled"] > sizes["frame"], sizes   # wider than the page: it scrolls
+        assert sizes["box"]["height"] <= 560, sizes
+        for low, high in (("left", "right"), ("top", "bottom")):   # the state in view
+            assert sizes["box"][low] <= sizes["current"][low] and \
+                sizes["current"][high] <= sizes["box"][high], (low, sizes)
+        page.locator("#diagram").scroll_into_view_if_needed()
+        shot(page, "08-diagram-natural-size", full_page=False)
+
+        page.click("#diagram-fit")
+        page.wait_for_function("d => d.scrollWidth <= d.clientWidth",
+                               arg=drawing.element_handle())
+        assert page.locator("#diagram-fit").text_content() == "natural size"
+        page.click("#diagram-fit")
+        page.wait_for_function("d => d.scrollWidth > d.clientWidth", arg=drawing.element_handle())
     finally:
         server.stop(expect=None)

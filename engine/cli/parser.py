@@ -276,13 +276,6 @@ class _Version(argparse.Action):
     costs every other command ~20 ms)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"ralph {_version()}")
+        from ..version import version
+        print(f"ralph {version()}")
         parser.exit()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("ralph")
-    except PackageNotFoundError:   # run from a checkout that was never installed
-        return "unknown (not installed)"

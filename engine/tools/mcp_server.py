@@ -25,6 +25,7 @@ from pydantic import Strict, ValidationError
 
 from session_store import BadInput, DiskFault, shown
 
+from ..version import version
 from .emit import EmitError, check, max_event_bytes, publish, report_refusal
 from .mcp_wire import serve_stdio
 
@@ -72,7 +73,8 @@ def build(work_dir: str) -> MCPServer:
     it sends goes through the outbox there, as the run's; what it reads, the store."""
     workspace = os.path.dirname(os.path.dirname(work_dir))
     session_id = os.path.basename(work_dir)
-    server = ToolServer("ralph", instructions=INSTRUCTIONS, log_level="WARNING")
+    server = ToolServer("ralph", version=version(), instructions=INSTRUCTIONS,
+                        log_level="WARNING")
     waits: set = set()   # the Waiting of each `ask` that waits now
 
     def publish_checked(topic: str, payload, argument: str = "payload") -> str:

@@ -3,8 +3,8 @@ import { ago, api, badge, engineOf, follow, h, money, NO_TOKEN, notice, tasksTex
          tokens } from "./util.js";
 import { sessionPage } from "./session.js";
 
-const COLUMNS = ["session", "status", "state", "engine", "iteration", "tasks", "cost",
-                 "tokens", "updated", "paused because"];
+const COLUMNS = ["session", "waits on you", "status", "state", "engine", "iteration", "tasks",
+                 "cost", "tokens", "updated", "paused because"];
 
 function sessionRow(v) {
   const link = h("a", { href: `/s/${encodeURIComponent(v.session_id)}` }, v.session_id);
@@ -12,13 +12,28 @@ function sessionRow(v) {
     return h("tr", { class: "unreadable", dataset: { session: v.session_id } },
       h("td", {}, link), h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
   }
-  return h("tr", { class: `status-${v.status}`, dataset: { session: v.session_id } },
+  return h("tr", { class: rowClass(v), dataset: { session: v.session_id } },
     h("td", {}, link, h("div", { class: "objective" }, v.objective)), ...detailCells(v));
+}
+
+function rowClass(v) {
+  return `status-${v.status}${v.questions_pending ? " waits-on-human" : ""}`;
+}
+
+// "2 questions · oldest 5m ago": how long a human has kept the session waiting
+function humanWait(v) {
+  const n = v.questions_pending;
+  if (!n) return h("td", { class: "human-wait" });
+  return h("td", { class: "human-wait" },
+    h("span", { class: "asks" }, `${n} question${n > 1 ? "s" : ""}`),
+    h("div", { class: "since", dataset: { since: v.oldest_question_asked_at } },
+      `oldest ${ago(v.oldest_question_asked_at)}`));
 }
 
 function detailCells(v) {
   const engine = engineOf(v);
   return [
+    humanWait(v),
     h("td", {}, badge(v.status)),
     h("td", { class: "state" }, v.state),
     h("td", { class: `engine ${engine}` }, engine),
@@ -33,10 +48,16 @@ function detailCells(v) {
 // A row's first cell (its link) stays the same node while the session is listed in the
 // same place: a row rebuilt between a click's press and release would swallow the click.
 function refreshRow(tr, v) {
-  tr.className = `status-${v.status}`;
+  tr.className = rowClass(v);
   tr.cells[0].querySelector(".objective").textContent = v.objective;
   while (tr.cells.length > 1) tr.deleteCell(-1);
   tr.append(...detailCells(v));
+}
+
+// The tab says how many sessions wait on a human, so a tab in the background still tells.
+function countInTitle(list) {
+  const waiting = list.filter((v) => v.questions_pending).length;
+  document.title = `${waiting ? `(${waiting}) ` : ""}ralph — sessions`;
 }
 
 function listPage(main) {
@@ -55,7 +76,12 @@ function listPage(main) {
     else rows.replaceChildren(...list.map(sessionRow));
     table.hidden = list.length === 0;
     empty.hidden = list.length > 0;
+    countInTitle(list);
   };
+  // the feed speaks on changes only: the waits' ages are kept current here
+  setInterval(() => rows.querySelectorAll("[data-since]").forEach((el) => {
+    el.textContent = `oldest ${ago(el.dataset.since)}`;
+  }), 10000);
   api("/api/sessions").then((r) => {
     if (r.ok) render(r.data);
     else main.append(h("p", { class: "error" }, r.data.error));

@@ -228,6 +228,13 @@ export function sessionPage(main, sid) {
   const resume = resumePanel(base);
   const usage = h("section", { id: "usage", class: "card" });
   const drawing = h("div", { class: "drawing" }, "Drawing…");
+  // natural size (labels readable, the frame scrolled), or the whole machine at a glance
+  const fit = h("button", { type: "button", class: "link", id: "diagram-fit",
+    onclick: () => {
+      drawing.classList.toggle("fit");
+      fit.textContent = drawing.classList.contains("fit") ? "natural size" : "fit to width";
+      showCurrent();
+    } }, "fit to width");
   const iterations = h("div", { class: "iterations" });
   const logTitle = h("div", { class: "log-title" }, "Pick a run's prompt or output under Progress.");
   const log = h("pre", { class: "log", id: "log", hidden: true });
@@ -238,7 +245,7 @@ export function sessionPage(main, sid) {
   const guidance = h("ul", { class: "guidance", id: "guidance" });
   main.replaceChildren(summary, questions,
     h("div", { class: "grid" }, h("div", {}, resume.el, controls.el), usage),
-    h("section", { id: "diagram", class: "card" }, h("h2", {}, "Where it stands"), drawing),
+    h("section", { id: "diagram", class: "card" }, h("h2", {}, "Where it stands ", fit), drawing),
     h("div", { class: "grid" },
       h("section", { id: "progress", class: "card" }, h("h2", {}, "Progress"), iterations),
       h("section", { id: "logs", class: "card" }, h("h2", {}, "Agent logs"), logTitle, log)),
@@ -268,18 +275,28 @@ export function sessionPage(main, sid) {
       drawn = key;
       drawing.dataset.state = r.data.state;
       if (r.data.svg) {
+        // drawn at the size Graphviz gives it (its labels at their point sizes)
         const svg = new DOMParser().parseFromString(r.data.svg, "image/svg+xml").documentElement;
-        svg.removeAttribute("width");
-        svg.removeAttribute("height");
         for (const node of svg.querySelectorAll("g.node")) {
           if (node.querySelector("title")?.textContent === r.data.state) node.classList.add("current");
         }
         drawing.replaceChildren(document.importNode(svg, true));
+        showCurrent();
       } else {
         drawing.replaceChildren(h("p", { class: "note" }, r.data.note), h("pre", {}, r.data.mermaid));
       }
     }
     if (again) drawDiagram();
+  }
+
+  // the current state in the middle of what the frame shows, when the drawing is larger
+  function showCurrent() {
+    const node = drawing.querySelector("g.node.current");
+    if (!node) return;
+    const box = node.getBoundingClientRect();
+    const frame = drawing.getBoundingClientRect();
+    drawing.scrollLeft += box.left + box.width / 2 - (frame.left + frame.width / 2);
+    drawing.scrollTop += box.top + box.height / 2 - (frame.top + frame.height / 2);
   }
 
   async function openLog(n, name) {
@@ -325,6 +342,8 @@ export function sessionPage(main, sid) {
 
   function onSnapshot(snap) {
     view = snap.view;
+    const asking = view.pending_questions.length;
+    document.title = `${asking ? `(${asking}) ` : ""}ralph — ${sid}`;
     summary.replaceChildren(...summaryOf(view).filter(Boolean));
     renderQuestions(view);
     controls.update(view);
