@@ -21,4 +21,4 @@ def main() -> None:
         if code is not None:
             sys.exit(code)
     from engine.cli import main as cli_main
-    sys.exit(cli_main())
+    sys.exit(cli_main(exiting=True))

@@ -10,6 +10,7 @@ attrs and cattrs cost ~35 ms of imports, which agents' hot paths (`emit`, `progr
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from datetime import datetime, timezone
 
@@ -33,7 +34,7 @@ def structure(data, cls, source: str):
     except Exception:
         pass
     try:
-        return _converter.structure(data, cls)
+        return _detailed().structure(data, cls)
     except Exception as e:
         raise BadInput(f"{source}: {_lines(e, '$')[0]}") from None
 
@@ -49,7 +50,7 @@ def structure_each(data, cls) -> tuple[object, list[str]]:
 
 def unstructure(obj):
     """attrs instances as dicts (fields in order), enums as values, times as ISO 8601."""
-    return _converter.unstructure(obj)
+    return _fast.unstructure(obj)   # detailed validation is structuring's alone
 
 
 def _each(data, cls, path: str, errors: list[str]):
@@ -74,7 +75,7 @@ def _each(data, cls, path: str, errors: list[str]):
                 errors.append(f"{where}: expected a mapping, got {_kind(value)}")
             continue
         try:
-            values[key] = _converter.structure(value, field.type)
+            values[key] = _detailed().structure(value, field.type)
         except Exception as e:
             errors += _lines(e, where)
     errors += [f"{path}: unknown key {k if isinstance(k, str) else shown(k)}"
@@ -177,8 +178,14 @@ def _strict_converter(detailed: bool) -> cattrs.Converter:
     return converter
 
 
-_converter = _strict_converter(detailed=True)   # names every mistake's path
-_fast = _strict_converter(detailed=False)       # for data that is right: the store's own
+_fast = _strict_converter(detailed=False)   # for data that is right: the store's own
+
+
+@functools.cache
+def _detailed() -> cattrs.Converter:
+    """The converter that names every mistake's path: made at the first mistake, or for a
+    person's file (a typed command that reads only the store's files never pays for it)."""
+    return _strict_converter(detailed=True)
 
 
 def _class_of(tp):

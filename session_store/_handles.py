@@ -6,11 +6,13 @@ implement the same verbs over its rows. The module-level verbs of `_questions` a
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from . import _questions, _signals
-from ._questions import Answer, Question, QuestionStatus
+from . import _signals
 from ._signals import Signal
+
+if TYPE_CHECKING:
+    from ._questions import Answer, Question, QuestionStatus
 
 
 class _Addressed(Protocol):
@@ -31,47 +33,53 @@ class _OfSession:
 
 
 class SessionQuestions(_OfSession):
-    """The session's human questions and their one answer each (see _questions)."""
+    """The session's human questions and their one answer each (see _questions: loaded
+    at the first call, so that a command that asks nothing builds none of its records)."""
+
+    @property
+    def _verbs(self):
+        from . import _questions
+        return _questions
 
     def ask(self, question: Question) -> Question:
-        return _questions.ask(self._at, question)
+        return self._verbs.ask(self._at, question)
 
     def save(self, question: Question) -> None:
         """Rewrite it as its status or marks moved (its waiter's write only)."""
-        _questions.save_question(self._at, question)
+        self._verbs.save_question(self._at, question)
 
     def load(self, qid: str) -> Question:
         """BadInput when it is gone or unreadable."""
-        return _questions.load_question(self._at, qid)
+        return self._verbs.load_question(self._at, qid)
 
     def ids(self) -> list[str]:
-        return _questions.ids(self._at)
+        return self._verbs.ids(self._at)
 
     def all(self) -> list[Question]:
         """Every question that can be read, oldest first."""
-        return _questions.questions(self._at)
+        return self._verbs.questions(self._at)
 
     def pending(self) -> list[Question]:
-        return _questions.pending(self._at)
+        return self._verbs.pending(self._at)
 
     def answer(self, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
         """The first answer wins (AlreadyAnswered, QuestionCancelled otherwise)."""
-        return _questions.answer(self._at, qid, text, now=now, channel=channel)
+        return self._verbs.answer(self._at, qid, text, now=now, channel=channel)
 
     def read_answer(self, qid: str) -> Answer | None:
-        return _questions.read_answer(self._at, qid)
+        return self._verbs.read_answer(self._at, qid)
 
     def has_answer(self, qid: str) -> bool:
-        return _questions.has_answer(self._at, qid)
+        return self._verbs.has_answer(self._at, qid)
 
     def resolve(self, question: Question, status: QuestionStatus, now: datetime) -> None:
-        _questions.resolve(self._at, question, status, now)
+        self._verbs.resolve(self._at, question, status, now)
 
     def mark_asker_gone(self, question: Question) -> None:
-        _questions.mark_asker_gone(self._at, question)
+        self._verbs.mark_asker_gone(self._at, question)
 
     def mark_undeliverable(self, qid: str, now: datetime, *, channel: str = "telegram") -> bool:
-        return _questions.mark_undeliverable(self._at, qid, now, channel=channel)
+        return self._verbs.mark_undeliverable(self._at, qid, now, channel=channel)
 
 
 class SessionSignals(_OfSession):

@@ -2,20 +2,22 @@
 
 Small on purpose: history goes to events.jsonl, so these never grow with the session.
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: cattrs reads these classes' annotations at
+# each command's start, and every one given as a string costs it a compile
 
 from datetime import datetime
 
-from attrs import define, field
+from attrs import field
 from attrs.validators import in_
 
 from ._progress import MARKERS, TODO, TaskLine
+from ._record import record
 from ._types import PauseKind, State, Status
 
 SCHEMA_VERSION = 1
 
 
-@define
+@record
 class LastTransitionRecord:
     n: int
     trigger: str
@@ -25,7 +27,7 @@ class LastTransitionRecord:
     at: datetime
 
 
-@define
+@record
 class Orchestrator:
     state: State = State.PLANNING
     previous_state: State | None = None
@@ -36,7 +38,7 @@ class Orchestrator:
     last_transition: LastTransitionRecord | None = None
 
 
-@define
+@record
 class TaskCounts:
     total: int = 0
     completed: int = 0
@@ -44,21 +46,21 @@ class TaskCounts:
     pending: int = 0
 
 
-@define
+@record
 class Limits:
     max_iterations: int = 50
     max_runtime_seconds: float = 14400.0
     max_cost_usd: float | None = None
 
 
-@define
+@record
 class RoleUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
 
 
-@define
+@record
 class Usage:
     cost_usd: float = 0.0
     runtime_seconds: float = 0.0
@@ -75,7 +77,7 @@ class Usage:
             usage.cost_usd = round(usage.cost_usd + cost_usd, 6)
 
 
-@define
+@record
 class Assessment:
     """The fallback assessor's last verdict (seed 004)."""
     confidence: float
@@ -86,7 +88,7 @@ class Assessment:
     at: datetime
 
 
-@define
+@record
 class Observations:
     """What the assessor reads: agents' reports and what the engine saw itself. Fixed
     size: counters and the latest reports, never a history."""
@@ -103,7 +105,7 @@ class Observations:
     last: Assessment | None = None
 
 
-@define
+@record
 class LimitWait:
     """The agent CLI hit its usage or rate limit: the step it was on is retried at `until`
     (kept here so a kill -9 or a pause waits out the same reset)."""
@@ -117,7 +119,7 @@ class LimitWait:
     switched_to: str | None = None   # on_limit: switch: the backend running meanwhile
 
 
-@define
+@record
 class InterruptedRun:
     """A run cut short (its CLI's limit, a PAUSE, a priority STEER) whose CLI can continue
     its conversation: the next run of the same step continues it, on the same backend."""
@@ -126,7 +128,7 @@ class InterruptedRun:
     conversation: str    # the CLI's id of the conversation
 
 
-@define
+@record
 class GitInfo:
     """A session's branch in a git workspace: made at `base` (the commit the user's HEAD
     was on), from the user's branch `started_from` (None: a detached HEAD)."""
@@ -135,7 +137,7 @@ class GitInfo:
     started_from: str | None = None
 
 
-@define
+@record
 class SessionMetadata:
     session_id: str
     objective: str
@@ -159,7 +161,7 @@ class SessionMetadata:
     git: GitInfo | None = None     # None: not a git workspace, or git.commits off
 
 
-@define
+@record
 class PlannedTask:
     id: str
     title: str
@@ -167,13 +169,13 @@ class PlannedTask:
     batch: int = 1
 
 
-@define
+@record
 class Rejection:
     task: str
     reason: str
 
 
-@define
+@record
 class TaskProgress:
     """Where one planned task stands: the truth its line of progress.md shows, and what
     its attempts came to (their reports are the details, written before each is counted)."""
@@ -182,7 +184,7 @@ class TaskProgress:
     attempts: list[str] = field(factory=list)   # each attempt's outcome, oldest first
 
 
-@define
+@record
 class IterationMetadata:
     iteration: int
     started_at: datetime

@@ -9,18 +9,20 @@ sees its deadline moved to that moment, so the waiter applies the timeout at onc
 channel never rewrites the question file (two writers raced: a timed-out question could
 fall back to pending).
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: cattrs reads these classes' annotations at
+# each command's start, and every one given as a string costs it a compile
 
 import enum
 import os
 import stat
 from datetime import datetime
 
-from attrs import define, field
+from attrs import field
 
 from ._atomic import create_exclusive, write_atomic
 from ._codec import structure, unstructure
 from ._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
+from ._record import record
 from ._schema import dump_plain, parse_yaml, shown
 from ._session import check_id
 
@@ -34,7 +36,7 @@ class QuestionStatus(enum.Enum):
     CANCELLED = "cancelled"
 
 
-@define
+@record
 class QuestionContext:
     session: str
     state: str
@@ -43,7 +45,7 @@ class QuestionContext:
     task: str | None = None
 
 
-@define
+@record
 class Question:
     id: str
     text: str
@@ -73,7 +75,7 @@ class Question:
         return f"{c.iteration}/{c.role or ''}/{c.task or ''}"
 
 
-@define
+@record
 class Undeliverable:
     """`questions/<QID>.undeliverable`: a channel gave up delivering the question."""
     question: str
@@ -81,7 +83,7 @@ class Undeliverable:
     channel: str
 
 
-@define
+@record
 class Answer:
     question: str
     text: str

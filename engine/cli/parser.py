@@ -1,4 +1,8 @@
-"""The `ralph` argument parser: every command, its flags, and the handler it runs."""
+"""The `ralph` argument parser: every command, its flags, and the handler it runs.
+
+The commands are a tree (COMMANDS). argparse makes a parser per command (~6 ms for all
+of them, on every start), so a command line that names one (`ralph session status ...`)
+gets the parsers on its path only; the help and an unknown command's error get them all."""
 from __future__ import annotations
 
 import argparse
@@ -20,18 +24,20 @@ EXIT_CODES = """exit codes:
   141  the reader of the output went away (e.g. `| head`)"""
 
 
-def build_parser():
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
-    class Parser(argparse.ArgumentParser):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("epilog", EXIT_CODES)
-            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-            super().__init__(*args, **kwargs)
+    def error(self, message):  # one line, exit 2, no usage dump
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
 
-        def error(self, message):  # one line, exit 2, no usage dump
-            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-            raise SystemExit(EXIT_BAD_INPUT)
 
+def build_parser(argv: list[str] | None = None) -> Parser:
+    """The parser of every command, or of those on the path `argv` names (its leading
+    words: `session status` of `session status ID --json`)."""
     common = Parser(add_help=False)
     common.add_argument("--workspace", default=argparse.SUPPRESS, metavar="DIR",
                         help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
@@ -42,95 +48,131 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
                                 help="what to do (ralph COMMAND --help for its flags)")
     parser.set_defaults(handler=lambda _args: _print_help(parser))
+    path = []
+    for word in argv or ():
+        if word.startswith("-"):
+            break
+        path.append(word)
+    _add_commands(sub, COMMANDS, path, common)
+    return parser
 
-    p = sub.add_parser("init", parents=[common], help="write a commented ralph.yml with every default")
+
+def _add_commands(sub, commands: dict, path: list[str], common: Parser) -> None:
+    """Under `sub`: the command `path` names first, alone, else every one of `commands`."""
+    named = bool(path) and path[0] in commands
+    for name, (help_text, made) in commands.items():
+        if named and name != path[0]:
+            continue
+        if isinstance(made, dict):   # a group of commands
+            group = sub.add_parser(name, help=help_text)
+            subs = group.add_subparsers(dest=f"{name}_command", required=True,
+                                        parser_class=Parser, metavar="COMMAND",
+                                        help="one of these")
+            _add_commands(subs, made, path[1:] if named else [], common)
+        else:
+            made(sub.add_parser(name, parents=[common], help=help_text))
+
+
+# --- the flags' values ---
+
+def _positive(kind, most=None):
+    """A flag's number: finite and above 0 (argparse's float takes nan and inf, which
+    passed every check and crashed deadlines later); seconds up to ~31 years."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not 0 < value < float("inf") or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(
+                f"expected a positive number{f' of at most {most:g}' if most else ''}, "
+                f"got {text!r}")
+        return value
+    return parse
+
+
+def _ask_seconds(text):
+    from ..tools.interact import ask_seconds   # MCP `ask`'s check; loaded when given
+    try:
+        return ask_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _port(text):
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return int(text)
+
+
+_seconds = _positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads attrs)
+
+
+def _limit_flags(p) -> None:
+    p.add_argument("--max-iterations", type=_positive(int), metavar="N",
+                   help="pause (exit 5) after N iterations "
+                        "(default: event_loop.max_iterations)")
+    p.add_argument("--max-runtime", type=_seconds, metavar="SECONDS",
+                   help="pause (exit 5) after this much engine time "
+                        "(default: event_loop.max_runtime_seconds)")
+    p.add_argument("--max-cost", type=_positive(float), metavar="USD",
+                   help="pause (exit 5) once agents report this cost "
+                        "(default: event_loop.max_cost_usd)")
+
+
+# --- each command's flags and handler. one_shot: a command that does its work and exits
+# (the CLI turns the cycle collector off for it; see engine/cli/__init__.py) ---
+
+def _init(p) -> None:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write it (default: the workspace's ralph.yml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p.set_defaults(handler=workspace_cmds.cmd_init)
+    p.set_defaults(handler=workspace_cmds.cmd_init, one_shot=True)
 
-    p = sub.add_parser("validate", parents=[common], help="check a config, print every error")
+
+def _validate(p) -> None:
     p.add_argument("-c", "--config", metavar="FILE",
                    help="the config (default: the workspace's ralph.yml)")
-    p.set_defaults(handler=workspace_cmds.cmd_validate)
+    p.set_defaults(handler=workspace_cmds.cmd_validate, one_shot=True)
 
-    session = sub.add_parser("session", help="start, resume and inspect sessions")
-    ssub = session.add_subparsers(dest="session_command", required=True, parser_class=Parser,
-                                  metavar="COMMAND", help="one of these")
 
-    def positive(kind, most=None):
-        """A flag's number: finite and above 0 (argparse's float takes nan and inf, which
-        passed every check and crashed deadlines later); seconds up to ~31 years."""
-        def parse(text):
-            try:
-                value = kind(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-            if not 0 < value < float("inf") or (most is not None and value > most):
-                raise argparse.ArgumentTypeError(
-                    f"expected a positive number{f' of at most {most:g}' if most else ''}, "
-                    f"got {text!r}")
-            return value
-        return parse
-
-    def ask_seconds(text):
-        from ..tools.interact import ask_seconds   # MCP `ask`'s check; loaded when given
-        try:
-            return ask_seconds(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    def port(text):
-        if not text.isdigit() or int(text) > 65535:
-            raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-        return int(text)
-
-    seconds = positive(float, 1e9)   # config.MAX_SECONDS (not imported: it loads attrs)
-
-    def limit_flags(p):
-        p.add_argument("--max-iterations", type=positive(int), metavar="N",
-                       help="pause (exit 5) after N iterations "
-                            "(default: event_loop.max_iterations)")
-        p.add_argument("--max-runtime", type=seconds, metavar="SECONDS",
-                       help="pause (exit 5) after this much engine time "
-                            "(default: event_loop.max_runtime_seconds)")
-        p.add_argument("--max-cost", type=positive(float), metavar="USD",
-                       help="pause (exit 5) once agents report this cost "
-                            "(default: event_loop.max_cost_usd)")
-
-    p = ssub.add_parser("start", parents=[common], help="create a session and run it")
+def _session_start(p) -> None:
     p.add_argument("objective", nargs="?", help="what the session is to achieve (or -p FILE)")
     p.add_argument("-p", "--prompt-file", metavar="FILE", help="read the objective from FILE")
     p.add_argument("-c", "--config", metavar="FILE",
                    help="the config (default: the workspace's ralph.yml, if present)")
     p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
     p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
-    limit_flags(p)
+    _limit_flags(p)
     p.set_defaults(handler=sessions.cmd_start)
 
-    p = ssub.add_parser("resume", parents=[common], help="continue a paused or interrupted session")
+
+def _session_resume(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
     p.add_argument("--message", help="guidance for the next agent invocation")
     p.add_argument("--now", action="store_true",
                    help="retry at once a step waiting for its agent's usage limit to reset")
-    limit_flags(p)
+    _limit_flags(p)
     p.set_defaults(handler=sessions.cmd_resume)
 
-    p = ssub.add_parser("status", parents=[common], help="where a session stands")
+
+def _session_status(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?",
                    help=SESSION_FLAGS_HELP + ", then the newest")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=sessions.cmd_status)
+    p.set_defaults(handler=sessions.cmd_status, one_shot=True)
 
-    p = ssub.add_parser("answer", parents=[common], help="answer a pending human question")
+
+def _session_answer(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?", help=SESSION_FLAGS_HELP)
     p.add_argument("text", metavar="TEXT",
                    help="the answer: free text, or an option by its number, text or a unique "
                         "prefix")
     p.add_argument("--question", metavar="QID", help="default: the only pending question")
-    p.set_defaults(handler=sessions.cmd_answer)
+    p.set_defaults(handler=sessions.cmd_answer, one_shot=True)
 
-    p = ssub.add_parser("tail", parents=[common], help="the session's events; -f follows them")
+
+def _session_tail(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?",
                    help=SESSION_FLAGS_HELP + ", then the newest")
     p.add_argument("-f", "--follow", action="store_true",
@@ -139,59 +181,56 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="one JSON record a line")
     p.set_defaults(handler=sessions.cmd_tail)
 
-    p = ssub.add_parser("diff", parents=[common],
-                        help="what a session changed in a git workspace (its branch), or one "
-                             "task's commits")
+
+def _session_diff(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?",
                    help=SESSION_FLAGS_HELP + ", then the newest")
     p.add_argument("--task", metavar="T", help="only the commit(s) of task T")
-    p.set_defaults(handler=sessions.cmd_diff)
+    p.set_defaults(handler=sessions.cmd_diff, one_shot=True)
 
-    p = ssub.add_parser("clean", parents=[common],
-                        help="remove the branch a session left (not while it runs)")
+
+def _session_clean(p) -> None:
     p.add_argument("session_id", metavar="ID", help="the session")
-    p.set_defaults(handler=sessions.cmd_clean)
+    p.set_defaults(handler=sessions.cmd_clean, one_shot=True)
 
-    p = ssub.add_parser("diagnose", parents=[common],
-                        help="a summary of a session's diagnostics: the path it took, its "
-                             "slowest runs, failing gates and hooks")
+
+def _session_diagnose(p) -> None:
     p.add_argument("session_id", metavar="ID", nargs="?",
                    help=SESSION_FLAGS_HELP + ", then the newest")
-    p.set_defaults(handler=sessions.cmd_diagnose)
+    p.set_defaults(handler=sessions.cmd_diagnose, one_shot=True)
 
-    p = ssub.add_parser("list", parents=[common], help="every session of the workspace")
+
+def _session_list(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON list")
-    p.set_defaults(handler=sessions.cmd_list)
+    p.set_defaults(handler=sessions.cmd_list, one_shot=True)
 
-    p = sub.add_parser("diagram", parents=[common], help="draw the machine (and a session's path)")
+
+def _diagram(p) -> None:
     p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid",
                    help="mermaid (default) or dot as text; svg and png need Graphviz")
     p.add_argument("--session", metavar="ID",
                    help="highlight where this session stands and the path it took")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
-    p.set_defaults(handler=workspace_cmds.cmd_diagram)
+    p.set_defaults(handler=workspace_cmds.cmd_diagram, one_shot=True)
 
-    bot = sub.add_parser("bot", help="the workspace's Telegram bot")
-    bsub = bot.add_subparsers(dest="bot_command", required=True, parser_class=Parser,
-                              metavar="COMMAND", help="one of these")
-    p = bsub.add_parser("run", parents=[common],
-                        help="run the Telegram bot in the foreground for every session")
+
+def _bot_run(p) -> None:
     p.add_argument("-c", "--config", metavar="FILE",
                    help="the config (default: the workspace's ralph.yml, if present)")
     p.set_defaults(handler=workspace_cmds.cmd_bot_run)
 
-    p = sub.add_parser("web", parents=[common],
-                       help="a live web view of the sessions: answer and steer from the page (open "
-                            "the URL it prints: it carries the token every request needs)")
+
+def _web(p) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs $RALPH_WEB_TOKEN)")
-    p.add_argument("--port", type=port, default=8765, help="default 8765; 0 picks a free one")
-    p.add_argument("--max-streams", type=positive(int, 10000), metavar="N",
+    p.add_argument("--port", type=_port, default=8765, help="default 8765; 0 picks a free one")
+    p.add_argument("--max-streams", type=_positive(int, 10000), metavar="N",
                    help="live streams (open pages) served at once; one more is refused "
                         "(default 32)")
     p.set_defaults(handler=workspace_cmds.cmd_web)
 
-    p = sub.add_parser("signal", parents=[common], help="drop a signal into a session's mailbox")
+
+def _signal(p) -> None:
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
                    type=str.lower, metavar="TYPE",
                    help="steer | info | pause | abort | approve | skip")
@@ -202,55 +241,87 @@ def build_parser():
     p.add_argument("--iteration", type=int, help="for approve/skip: the iteration it is meant for")
     p.add_argument("--priority", action="store_true",
                    help="steer only: interrupt the running agent and re-run its task now")
-    p.set_defaults(handler=workspace_cmds.cmd_signal)
+    p.set_defaults(handler=workspace_cmds.cmd_signal, one_shot=True)
 
-    tools = sub.add_parser("tools", help="for agents: tools to use during a run")
-    tsub = tools.add_subparsers(dest="tool", required=True, parser_class=Parser,
-                                metavar="COMMAND", help="one of these")
-    sig = tsub.add_parser("signals", help="the signals mailbox")
-    sigsub = sig.add_subparsers(dest="signals_command", required=True, parser_class=Parser,
-                                metavar="COMMAND", help="one of these")
-    p = sigsub.add_parser("poll", parents=[common],
-                          help="take the STEER/INFO signals addressed to ALL or to this role")
+
+def _signals_poll(p) -> None:
     p.add_argument("--role", help="default: $RALPH_ROLE")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (default: YAML)")
-    p.set_defaults(handler=agent_tools.cmd_signals_poll)
+    p.set_defaults(handler=agent_tools.cmd_signals_poll, one_shot=True)
 
-    interact = tsub.add_parser("interact", help="talk to the humans")
-    isub = interact.add_subparsers(dest="interact_command", required=True, parser_class=Parser,
-                                   metavar="COMMAND", help="one of these")
-    p = isub.add_parser("ask", parents=[common], help="block until a human answers; print it")
+
+def _interact_ask(p) -> None:
     p.add_argument("question", metavar="QUESTION", help="what to ask")
-    p.add_argument("--timeout", type=ask_seconds,
+    p.add_argument("--timeout", type=_ask_seconds,
                    help="seconds, at most a day (default: RObot.timeout_seconds)")
     p.add_argument("--default", help="printed on timeout (exit 3)")
     p.add_argument("--option", action="append", help="a suggested answer (repeatable)")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.set_defaults(handler=agent_tools.cmd_interact_ask)
-    p = isub.add_parser("progress", parents=[common], help="tell the humans how it goes")
+
+
+def _interact_progress(p) -> None:
     p.add_argument("message", metavar="MESSAGE", help="the note")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
-    p.set_defaults(handler=agent_tools.cmd_interact_progress)
+    p.set_defaults(handler=agent_tools.cmd_interact_progress, one_shot=True)
 
-    p = sub.add_parser("mcp", parents=[common],
-                       help="for agents: the agent tools (emit, ask, progress, signals_poll, "
-                            "blocker, status) as an MCP server over stdio")
+
+def _mcp(p) -> None:
     p.add_argument("--session", metavar="ID",
                    help="the session (default: $RALPH_SESSION_DIR inside an agent run, then "
                         "$RALPH_SESSION_ID, then the only open session)")
     p.set_defaults(handler=agent_tools.cmd_mcp)
 
-    # `ralph emit ...` is parsed by engine/tools/emit.py (stdlib only); this parser is its help,
-    # and runs it when flags come first (`ralph --workspace W emit ...`)
-    p = sub.add_parser("emit", parents=[common],
-                       help="for agents: append an event to the session's bus")
+
+def _emit_flags(p) -> None:
+    # `ralph emit ...` is parsed by engine/tools/emit.py (stdlib only); this parser is its
+    # help, and runs it when flags come first (`ralph --workspace W emit ...`)
     p.add_argument("topic", metavar="TOPIC", help="dotted words, e.g. build.done")
     p.add_argument("payload", metavar="PAYLOAD", nargs="?", help="the event's text payload")
     p.add_argument("--json", metavar="JSON", help="the payload as a JSON value")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
-    p.set_defaults(handler=_emit)
-    return parser
+    p.set_defaults(handler=_emit, one_shot=True)
+
+
+# name -> (help, what makes it: a function given its parser, or the group's own commands)
+COMMANDS: dict = {
+    "init": ("write a commented ralph.yml with every default", _init),
+    "validate": ("check a config, print every error", _validate),
+    "session": ("start, resume and inspect sessions", {
+        "start": ("create a session and run it", _session_start),
+        "resume": ("continue a paused or interrupted session", _session_resume),
+        "status": ("where a session stands", _session_status),
+        "answer": ("answer a pending human question", _session_answer),
+        "tail": ("the session's events; -f follows them", _session_tail),
+        "diff": ("what a session changed in a git workspace (its branch), or one task's "
+                 "commits", _session_diff),
+        "clean": ("remove the branch a session left (not while it runs)", _session_clean),
+        "diagnose": ("a summary of a session's diagnostics: the path it took, its slowest "
+                     "runs, failing gates and hooks", _session_diagnose),
+        "list": ("every session of the workspace", _session_list),
+    }),
+    "diagram": ("draw the machine (and a session's path)", _diagram),
+    "bot": ("the workspace's Telegram bot", {
+        "run": ("run the Telegram bot in the foreground for every session", _bot_run),
+    }),
+    "web": ("a live web view of the sessions: answer and steer from the page (open the URL "
+            "it prints: it carries the token every request needs)", _web),
+    "signal": ("drop a signal into a session's mailbox", _signal),
+    "tools": ("for agents: tools to use during a run", {
+        "signals": ("the signals mailbox", {
+            "poll": ("take the STEER/INFO signals addressed to ALL or to this role",
+                     _signals_poll),
+        }),
+        "interact": ("talk to the humans", {
+            "ask": ("block until a human answers; print it", _interact_ask),
+            "progress": ("tell the humans how it goes", _interact_progress),
+        }),
+    }),
+    "mcp": ("for agents: the agent tools (emit, ask, progress, signals_poll, blocker, status) "
+            "as an MCP server over stdio", _mcp),
+    "emit": ("for agents: append an event to the session's bus", _emit_flags),
+}
 
 
 def _emit(args) -> int:
