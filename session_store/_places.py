@@ -21,6 +21,7 @@ ingests it, trusting nothing in it) and the inbox of the engine's replies.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -42,9 +43,11 @@ def state_root() -> str:
     return os.path.join(os.path.abspath(base), "ralph")
 
 
+@functools.lru_cache(maxsize=64)
 def workspace_key(workspace: str) -> str:
     """A workspace's folder name in the state directory: readable, and unique by its real
-    path (two checkouts named alike stay apart)."""
+    path (two checkouts named alike stay apart). Worked out once a process per path given
+    (a realpath and a hash: `session list` asks for each session it loads)."""
     real = os.path.realpath(workspace)
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in os.path.basename(real))
