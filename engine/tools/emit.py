@@ -242,7 +242,9 @@ def poll_when_empty(argv: list[str]) -> int | None:
             return None
     except EmitError:
         return None
-    if signals.waiting(control):
+    # a session of the PostgreSQL store keeps no mailbox here (it is in the database,
+    # out of an agent's reach): no inputs/ says nothing of what waits, the engine does
+    if not os.path.isdir(signals.dirs(control)[0]) or signals.waiting(control):
         return None
     print('{\n  "signals": [],\n  "engine_will_act_on": []\n}' if as_json
           else "signals: []\nengine_will_act_on: []")
