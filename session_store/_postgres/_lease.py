@@ -46,12 +46,15 @@ class PostgresLease(HeldByConnection):
 
 
 def _lease_holder(db: Database, sid: str) -> int | None:
-    """The pid of the engine holding a session's lease (-1: held, holder unnamed), or None."""
+    """The pid of the engine holding a session's lease (-1: held, holder unnamed), or None.
+    pg_locks lists the whole cluster's locks: only this database's are its store's (a
+    session of the same id in another database is another fleet's)."""
     key = _lock_key("lease", sid)
     row = db.read(lambda cur: cur.execute(
         "SELECT coalesce(e.pid, -1) FROM pg_locks l "
         "LEFT JOIN ralph_leases e ON e.session_id = %s AND e.backend_pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "AND l.classid = %s AND l.objid = %s",
         (sid, (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone())
     return None if row is None else row[0]
