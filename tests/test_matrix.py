@@ -218,7 +218,9 @@ class Databases:
     kill points each start from a copy (CREATE DATABASE ... TEMPLATE) of the database as
     the uninterrupted run's earlier process left it: no connection to it is open then
     (that process exited, the humans' connection is closed). The local files (iteration
-    files, work area) are copied with the workspace, as on the file store."""
+    files, work area) are copied with the workspace, as on the file store. The cluster's
+    user must be allowed to create databases (the test cluster's and .ci/run's is its
+    superuser)."""
 
     name = "postgres"
 
@@ -297,7 +299,8 @@ class Human(threading.Thread):
     _matrix_agent.py); the ANSWERED question gets ANSWER, the IN_RUN one IN_RUN_ANSWER, as
     soon as its file appears; the TIMES_OUT one is never answered, and its channel gives
     up delivering it (its deadline moves to now). Anything else asked is a failure
-    (recorded in `unexpected`)."""
+    (recorded in `unexpected`). `plane`: the session's control plane they act on (the
+    files, by default)."""
 
     def __init__(self, ws: Path, plane: Plane | None = None):
         super().__init__(daemon=True)
