@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import yaml
 
-import session_store
 from session_store import control_root, work_root
-from support import metadata, progress_markers, progress_view_markers
+from _planes import FilePlane, Plane
+from support import progress_markers, progress_view_markers
 from support import session_dir as control_dir
 from engine.machine import TRANSITIONS
 from states import State
@@ -167,28 +167,21 @@ def transitions(sd: Path) -> list[dict]:
     return [e["payload"] for e in records(sd) if e["topic"] == "session.transition"]
 
 
-def check_after_kill(ws: Path, sid: str) -> None:
-    """What must hold at any instant: metadata parses (plainly and strictly); every line
-    of the bus but a torn last one is a record."""
-    sd = session_dir(ws, sid)
-    assert isinstance(yaml.safe_load((sd / "metadata.yaml").read_text()), dict)
-    session_store.load(str(ws), sid)  # the strict loader: raises on anything malformed
-    data = (sd / "events.jsonl").read_text()
-    lines = data.split("\n")
-    complete = lines[:-1]  # the part after the last newline is a torn line, or empty
-    for line in complete:
-        assert isinstance(json.loads(line), dict), line
+def check_after_kill(ws: Path, sid: str, plane: Plane | None = None) -> None:
+    """What must hold at any instant: metadata parses (plainly and strictly); every record
+    of the bus but a torn last line (files) is whole. `plane`: the files by default."""
+    (plane or FilePlane(ws, sid)).check_whole(finished=False)
 
 
-def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo")) -> dict:
+def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo"),
+                   plane: Plane | None = None) -> dict:
     """Invariants of a finished session; returns what must equal an uninterrupted run."""
+    plane = plane or FilePlane(ws, sid)
     sd = session_dir(ws, sid)
-    check_after_kill(ws, sid)
-    text = (sd / "events.jsonl").read_text()
-    assert text.endswith("\n"), "a torn line is left at the end of events.jsonl"
-    recs = records(sd)  # every line parses
+    plane.check_whole(finished=True)
+    recs = plane.records()
     assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
-    log = transitions(sd)
+    log = [e["payload"] for e in recs if e["topic"] == "session.transition"]
     assert [t["n"] for t in log] == list(range(1, len(log) + 1)), \
         f"one record per transition, numbered without gaps: {[t['n'] for t in log]}"
     state = State.PLANNING
@@ -197,21 +190,23 @@ def check_finished(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralp
         assert any(row.trigger == t["trigger"] and state in row.sources
                    and row.dest.value == t["to"] for row in TRANSITIONS), f"not in the table: {t}"
         state = State(t["to"])
-    meta = metadata(sd)
+    meta = plane.metadata()
     assert meta["orchestrator"]["state"] == state.value
     assert meta["orchestrator"]["transitions"] == len(log)
     assert (sd / "summary.md").exists()
-    assert session_store.running_pid(str(sd)) is None
-    assert not list((sd / "signals" / "processed").glob("*.taken"))
+    assert (holder := plane.running_pid()) is None, f"still held by an engine: {holder}"
+    assert not plane.mailbox().unfinished, "a take or a rejection never finished"
     assert progress_view_markers(sd) == progress_markers(sd), "progress.md is not the markers' view"
-    return outcome(ws, sid, roots)
+    return outcome(ws, sid, roots, plane)
 
 
-def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo")) -> dict:
+def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo"),
+            plane: Plane | None = None) -> dict:
     """What a finished session must share with an uninterrupted run of the same scenario:
     status, tasks, progress, iteration records, the files the work produced, the path."""
+    plane = plane or FilePlane(ws, sid)
     sd = session_dir(ws, sid)
-    meta = metadata(sd)
+    meta = plane.metadata()
     files = {}
     for pattern in ("iterations/*/tasks/*", "iterations/*/reviews/*", "iterations/*/plan.md",
                     "iterations/*/knowledge/*"):
@@ -237,7 +232,9 @@ def outcome(ws: Path, sid: str, roots: tuple[str, ...] = (".docs", ".ralph-demo"
     return {"status": meta["status"], "state": meta["orchestrator"]["state"],
             "iteration": meta["iteration"], "tasks": meta["tasks"],
             "progress": progress_markers(sd), "iterations": iterations, "files": files,
-            "transitions": [(t["from"], t["trigger"], t["to"]) for t in transitions(sd)]}
+            "transitions": [(t["from"], t["trigger"], t["to"]) for t in
+                            (e["payload"] for e in plane.records()
+                             if e["topic"] == "session.transition")]}
 
 
 _TIMED = {"promoted.yaml", "carried_from.yaml"}   # their `at` is the time of the run

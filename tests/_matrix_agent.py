@@ -21,7 +21,8 @@ crash makes the engine run a step again:
         signals went before it (an earlier run of the step) plays the rest of the step.
     ask_once: {text, options, default}
         when no question with this text exists yet in the session (read in the control
-        plane, $RALPH_CONTROL_DIR, which agents may read), emit `human.interact` with it
+        plane, $RALPH_CONTROL_DIR, which agents may read; on the PostgreSQL store, in its
+        database, $MATRIX_STORE_URL), emit `human.interact` with it
         and stop there; once one exists (asked, answered or timed out), play the rest of
         the step
     ask_in_run: {question, options, timeout}
@@ -86,7 +87,18 @@ def _create(path: str, text: str) -> None:
 
 
 def _asked(control: str, text: str) -> bool:
+    """Whether a question with this text exists in the session: read in the control plane
+    ($RALPH_CONTROL_DIR), or, on the PostgreSQL store, in its database: the test gives
+    this agent (and no real one) its URL, $MATRIX_STORE_URL."""
     import yaml
+    url = os.environ.get("MATRIX_STORE_URL")
+    if url:
+        import psycopg
+        with psycopg.connect(url) as conn:
+            texts = [yaml.safe_load(q)["text"] for (q,) in conn.execute(
+                "SELECT question FROM ralph_questions WHERE session_id = %s",
+                (os.environ["RALPH_SESSION_ID"],))]
+        return text in texts
     folder = os.path.join(control, "questions")
     for name in os.listdir(folder):
         if name.endswith(".yaml") and not name.startswith("."):

@@ -31,8 +31,8 @@ import pytest
 import _crashkit as kit
 from session_store import control_root
 from support import RALPH, base_env
-from test_matrix import (SID, Human, Point, _diff, check_humans_and_signals, check_parses, full,
-                         points_of, resume, resume_to_the_end, root, start)
+from test_matrix import (SID, Files, Human, Point, _diff, check_humans_and_signals, check_parses,
+                         full, points_of, resume, resume_to_the_end, root, start)
 
 __all__ = ["full", "root"]   # the matrix's fixtures, used here
 
@@ -58,6 +58,12 @@ class SmallDisk:
     def close(self) -> None:
         subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """The matrix's full scenario on the file store: the faulty disks are its files'."""
+    return Files()
 
 
 @pytest.fixture(scope="module")

@@ -398,3 +398,34 @@ def test_one_bot_serves_every_machines_sessions(fleet, tmp_path):
                      if json.loads(x)["topic"] == "human.response"]
         assert [(e["payload"]["answer"], e["payload"]["channel"]) for e in responses] == \
             [(f"yes, {sid}", "telegram")]
+def test_a_lease_is_seen_only_in_its_own_database(postgres_cluster, tmp_path):
+    """Two fleets in two databases of one cluster, a session of the same id in each:
+    advisory locks are listed cluster-wide, so one fleet's engine must name no engine
+    of the other's (its session is not running there, and is taken there at once)."""
+    from datetime import datetime, timezone
+    from _planes import database_url
+    from session_store._postgres import PostgresSessions, _db
+    url, _root = postgres_cluster
+    names = [f"ralph_fleet_{os.urandom(3).hex()}_{i}" for i in (1, 2)]
+    fleets: list[PostgresSessions] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f"CREATE DATABASE {name}")
+    try:
+        fleets = [PostgresSessions(database_url(url, name), str(tmp_path)) for name in names]
+        ours, theirs = [f.create("objective", now=datetime.now(timezone.utc), session_id="s")
+                        for f in fleets]
+        lease = ours.acquire_lease()
+        try:
+            assert ours.running_pid() == os.getpid()
+            assert theirs.running_pid() is None
+            theirs.acquire_lease(wait_seconds=0).release()
+        finally:
+            lease.release()
+    finally:
+        for fleet in fleets:
+            _db._databases.pop(fleet.url, None)
+            fleet.db.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name in names:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

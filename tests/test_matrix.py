@@ -43,6 +43,16 @@ which moves its deadline to now, so its timeout applies at once. The engine wait
 them (RObot.timeout_seconds is 20 s), so neither outcome races a clock, and a session
 killed while a question is pending finds it answered, or timed out, on resume.
 
+Both backends run the same scenarios, points and checks (the fixture `backend`): the file
+store, and the PostgreSQL store ($RALPH_STORE_URL; each run on a database of its own in the
+test cluster, see Databases). There the control plane is read through the session handle's
+verbs and, for what they do not show (handled and rejected signals with their outcome),
+read-only SQL (tests/_planes.py); the humans drop signals and answer through the verbs, and
+a malformed signal is a row of raw bytes; each commit is a write point ("store", named by
+the function that commits); the session's iteration files and work area are local files,
+as on the file store. A later process's kill points start from a copy of the workspace and
+of the database (CREATE DATABASE ... TEMPLATE) as the earlier process left them.
+
 The workspaces go to /dev/shm when it is there (RALPH_TEST_SCRATCH_DIR picks another
 place; see _crashkit.scratch).
 """
@@ -54,6 +64,7 @@ import re
 import shutil
 import sys
 import threading
+import urllib.parse
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -65,9 +76,10 @@ import yaml
 
 import _crashkit as kit
 from _crashkit import KILLED, Write
-from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, ralph, write_config,
+from _planes import FilePlane, Plane, StorePlane, database_url
+from support import (EVIDENCE, FAST, REVIEW_OK, base_env, ralph, write_config,
                      write_scenario)
-from session_store import BadInput, DiskFault, questions, signals, write_atomic
+from session_store import BadInput, DiskFault, questions
 
 SID = "matrix"
 OBJECTIVE = "Build a key-value store with a CLI"
@@ -174,18 +186,127 @@ def resume(ws: Path, **env):
                  env=kit.cached_bytecode(base_env(**FAST, **env)))
 
 
+# --- the backends: where a run's control plane is, and how it is copied ---
+
+class Files:
+    """The file store: the control plane is files beside the workspace's (in the state
+    directory), copied with it (kit.copy_workspace); a run's store is None."""
+
+    name = "file"
+
+    def new(self, label: str) -> None:
+        return None
+
+    def copy(self, store: None, label: str, ws: Path) -> None:
+        return None
+
+    def remove(self, store: None) -> None:
+        pass
+
+    def env(self, store: None) -> dict:
+        return {}
+
+    def plane(self, ws: Path, store: None) -> Plane:
+        return FilePlane(ws, SID)
+
+    def creation(self, writes: list[Write]) -> list[Write]:
+        return kit.creation(writes)
+
+
+class Databases:
+    """The PostgreSQL store: each run's control plane is a database of its own in the
+    test cluster (a run's store is its URL), named `<prefix>_<label>`; a later process's
+    kill points each start from a copy (CREATE DATABASE ... TEMPLATE) of the database as
+    the uninterrupted run's earlier process left it: no connection to it is open then
+    (that process exited, the humans' connection is closed). The local files (iteration
+    files, work area) are copied with the workspace, as on the file store. The cluster's
+    user must be allowed to create databases (the test cluster's and .ci/run's is its
+    superuser)."""
+
+    name = "postgres"
+
+    def __init__(self, url: str):
+        self.url = url
+        self.prefix = f"ralph_matrix_{os.urandom(3).hex()}"
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def _name(self, label: str) -> str:
+        return f"{self.prefix}_{re.sub(r'[^a-z0-9]', '_', label.lower())}"
+
+    def new(self, label: str) -> str:
+        self._admin(f"CREATE DATABASE {self._name(label)}")
+        return database_url(self.url, self._name(label))
+
+    def copy(self, store: str, label: str, ws: Path) -> str:
+        """A copy of `store` for the workspace `ws` (a copy of the one that ran on it)."""
+        import psycopg
+        source = urllib.parse.urlsplit(store).path.lstrip("/")
+        self._admin(f"CREATE DATABASE {self._name(label)} TEMPLATE {source}")
+        copied = database_url(self.url, self._name(label))
+        with psycopg.connect(copied, autocommit=True) as conn:
+            # the session's local areas are in the copied workspace (as kit.copy_workspace
+            # says where the copied control planes' workspace is)
+            conn.execute("UPDATE ralph_sessions SET workspace = %s", (os.path.abspath(ws),))
+        return copied
+
+    def remove(self, store: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {urllib.parse.urlsplit(store).path.lstrip('/')}"
+                    " WITH (FORCE)")
+
+    def remove_all(self) -> None:
+        import psycopg
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            names = [r[0] for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (self.prefix + "%",))]
+            for name in names:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def env(self, store: str) -> dict:
+        # the engine's store; the matrix agent's look at the questions (_matrix_agent.py)
+        return {"RALPH_STORE_URL": store, "MATRIX_STORE_URL": store}
+
+    def plane(self, ws: Path, store: str) -> Plane:
+        return StorePlane(ws, SID, store)
+
+    def creation(self, writes: list[Write]) -> list[Write]:
+        """The writes before the session's row is committed (its local areas first)."""
+        first = next((i for i, w in enumerate(writes) if w.kind == "store"), len(writes))
+        return writes[:first]
+
+
+Backend = Files | Databases
+
+
+@pytest.fixture(scope="module", params=["file", "postgres"])
+def backend(request):
+    if request.param == "file":
+        yield Files()
+        return
+    url, _root = request.getfixturevalue("postgres_cluster")
+    databases = Databases(url)
+    try:
+        yield databases
+    finally:
+        databases.remove_all()
+
+
 class Human(threading.Thread):
     """The humans, acting on the session from outside its engine and its agents' runs: the
     signals an agent's step asks for are dropped (each once, in the order asked; see
     _matrix_agent.py); the ANSWERED question gets ANSWER, the IN_RUN one IN_RUN_ANSWER, as
     soon as its file appears; the TIMES_OUT one is never answered, and its channel gives
     up delivering it (its deadline moves to now). Anything else asked is a failure
-    (recorded in `unexpected`)."""
+    (recorded in `unexpected`). `plane`: the session's control plane they act on (the
+    files, by default)."""
 
-    def __init__(self, ws: Path):
+    def __init__(self, ws: Path, plane: Plane | None = None):
         super().__init__(daemon=True)
         self.ws = ws
-        self.sd = kit.session_dir(ws, SID)
+        self.plane = plane or FilePlane(ws, SID)
         self.seen: set[str] = set()
         self.dropped: set[str] = set()
         self.unexpected: list[str] = []
@@ -227,44 +348,35 @@ class Human(threading.Thread):
                 return
 
     def drop(self, spec: dict) -> None:
-        if "raw" in spec:
-            # named to sort before the time-named ones dropped with it: the engine takes
-            # (or rejects) inputs oldest name first, whether it looks between drops or after
-            write_atomic(str(self.sd / "signals" / "inputs" /
-                             f"signal.000000-{spec['label']}.yaml"), spec["raw"], "human-file")
-        else:
-            signals.drop(str(self.sd), spec["type"], spec.get("message", ""),
-                         now=datetime.now(timezone.utc), target=spec.get("target", "ALL"),
-                         iteration=spec.get("iteration"), priority=spec.get("priority", False))
+        self.plane.drop(spec, datetime.now(timezone.utc))
         time.sleep(0.003)   # names start with the time in ms: keep the drops in order
 
     def tick(self) -> None:
-        folder = self.sd / "questions"
         try:
-            names = os.listdir(folder)
+            qids = self.plane.question_ids()
         except FileNotFoundError:
             return
-        for name in names:
-            if not name.endswith(".yaml") or name.startswith(".") or name in self.seen:
+        for qid in qids:
+            if qid in self.seen:
                 continue
-            q = questions.load_question(str(self.sd), name[:-5])
-            self.seen.add(name)
+            q = self.plane.question(qid)
+            self.seen.add(qid)
             if q.status is not questions.QuestionStatus.PENDING:
                 continue
             now = datetime.now(timezone.utc)
             try:
                 if q.text in (ANSWERED, IN_RUN):
                     try:
-                        questions.answer(str(self.sd), q.id,
-                                         ANSWER if q.text == ANSWERED else IN_RUN_ANSWER, now=now)
+                        self.plane.answer(q.id, ANSWER if q.text == ANSWERED else IN_RUN_ANSWER,
+                                          now)
                     except BadInput:
                         pass
                 elif q.text == TIMES_OUT:
-                    questions.mark_undeliverable(str(self.sd), q.id, now)
+                    self.plane.mark_undeliverable(q.id, now)
                 else:
                     self.unexpected.append(q.text)
             except DiskFault:   # the disk is full (tests/test_disk_faults.py): later
-                self.seen.discard(name)
+                self.seen.discard(qid)
 
     def __enter__(self):
         self.start()
@@ -273,6 +385,7 @@ class Human(threading.Thread):
     def __exit__(self, *exc):
         self.stopping.set()
         self.join(5)
+        self.plane.close()
         assert not self.unexpected, f"unexpected questions or errors: {self.unexpected}"
 
 
@@ -291,9 +404,10 @@ def masked(w: Write) -> tuple[str, str]:
     return w.kind, path
 
 
-def check_parses(ws: Path) -> None:
+def check_parses(ws: Path, plane: Plane | None = None) -> None:
     """Every file of the session (its control plane and its work area) parses as what it
-    is; no temp file is left behind."""
+    is; no temp file is left behind; every question and answer reads strictly."""
+    plane = plane or FilePlane(ws, SID)
     sd = kit.session_dir(ws, SID)
     for p in [*sd.rglob("*"), *kit.work_area(ws, SID).rglob("*")]:
         if p.is_dir() or p.name in ("session.lock", "engine.lock"):
@@ -310,25 +424,24 @@ def check_parses(ws: Path) -> None:
             assert isinstance(json.loads(p.read_text()), dict), rel
         elif p.name == "progress.md":   # a view, whole (a kill may leave it one change behind)
             assert p.read_text().startswith("# Progress — iteration "), rel
-    for q in sorted((sd / "questions").glob("*.yaml")):
-        questions.load_question(str(sd), q.stem)   # strict
-        if (sd / "answers" / q.name).exists():
-            questions.read_answer(str(sd), q.stem)
+    for qid in plane.question_ids():
+        plane.question(qid)
+        plane.read_answer(qid)
 
 
-def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False) -> None:
+def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False,
+                             plane: Plane | None = None) -> None:
     """Each signal handled exactly once, each answer kept and applied once.
     `in_run_may_time_out`: the humans could not answer the in-run question in time (the
     control plane's disk was full while the run waited: tests/test_disk_faults.py), so
     it timed out once, and its answer, kept, reached the next prompt as a late one."""
-    sd = kit.session_dir(ws, SID)
-    mailbox = sd / "signals"
-    assert not list((mailbox / "inputs").iterdir()), "signals left in inputs/"
-    assert not list(mailbox.rglob("*.taken")), "a take or a rejection never finished"
+    plane = plane or FilePlane(ws, SID)
+    mailbox = plane.mailbox()
+    assert not mailbox.waiting, "signals left in inputs/"
+    assert not mailbox.unfinished, "a take or a rejection never finished"
     handled = Counter()
     polled_by = None
-    for p in (mailbox / "processed").iterdir():
-        doc = yaml.safe_load(p.read_text())
+    for doc in mailbox.processed:
         hm = doc["handling_metadata"]
         if doc["message"] == POLLED:
             # taken by the executor's poll; or by the engine, when a crash came between the
@@ -343,10 +456,9 @@ def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False) -> Non
             assert hm["action_taken"] == ACTIONS[doc["type"]], doc
     assert handled == PROCESSED, handled
     rejected = Counter()
-    for p in (mailbox / "rejected").iterdir():
-        doc = yaml.safe_load(p.read_text())
+    for doc in mailbox.rejected:
         assert doc["rejection"]["reason"], doc
-        rejected[(p.name if p.name == "signal.000000-malformed.yaml" else None,
+        rejected[(doc["name"] if doc["name"] == "signal.000000-malformed.yaml" else None,
                   doc.get("message") if doc.get("type") == "SKIP" else None)] += 1
     assert rejected == REJECTED, rejected
     pad = (kit.work_area(ws, SID) / "scratchpad.md").read_text()
@@ -354,18 +466,19 @@ def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False) -> Non
         assert pad.count(message) == 1, f"{message!r} noted {pad.count(message)} times:\n{pad}"
     noted = 1 if polled_by == "Ralph-Orchestrator" else 0   # a poll's take is not noted
     assert pad.count(POLLED) == noted, f"{POLLED!r} noted {pad.count(POLLED)} times:\n{pad}"
-    assert json.loads((sd / "guidance.yaml").read_text()) == [], "guidance never delivered"
+    assert plane.guidance() == [], "guidance never delivered"
 
-    asked = {q.text: q for q in questions.questions(str(sd))}
+    asked = {q.text: q for q in plane.questions()}
     assert sorted(asked) == sorted([ANSWERED, TIMES_OUT, IN_RUN]), list(asked)
-    assert len(list((sd / "questions").glob("*.yaml"))) == 3, "a question was asked twice"
+    assert len(plane.question_ids()) == 3, "a question was asked twice"
     a, b, c = asked[ANSWERED], asked[TIMES_OUT], asked[IN_RUN]
     assert a.status is questions.QuestionStatus.ANSWERED
-    assert questions.read_answer(str(sd), a.id).text == ANSWER
+    assert plane.read_answer(a.id).text == ANSWER
     assert b.status is questions.QuestionStatus.TIMED_OUT
-    assert questions.read_answer(str(sd), b.id) is None
-    assert metadata(sd)["pending_question"] is None
-    bus = [r for r in kit.records(sd) if r["source"] == "engine"]
+    assert plane.read_answer(b.id) is None
+    assert plane.metadata()["pending_question"] is None
+    everyone = plane.records()
+    bus = [r for r in everyone if r["source"] == "engine"]
 
     def count(topic, qid):
         return sum(1 for r in bus if r["topic"] == topic and r["payload"].get("id") == qid)
@@ -375,8 +488,7 @@ def check_humans_and_signals(ws: Path, in_run_may_time_out: bool = False) -> Non
     assert count("human.response", b.id) == 0 and count("human.timeout", a.id) == 0
     # the in-run question: asked by the planner's run (its record is the run's), answered
     # once, its answer recorded once (by the engine: to the asker, or to the next run)
-    assert questions.read_answer(str(sd), c.id).text == IN_RUN_ANSWER
-    everyone = kit.records(sd)
+    assert plane.read_answer(c.id).text == IN_RUN_ANSWER
     assert [r["source"] for r in everyone if r["topic"] == "human.question"
             and r["payload"].get("id") == c.id] == ["planner"], "asked more than once, or never"
     late = in_run_may_time_out and c.status is questions.QuestionStatus.TIMED_OUT
@@ -406,51 +518,61 @@ class Scenario(NamedTuple):
     steps: list[dict]
     config: dict
     exits: tuple[int, ...]       # the exit code of each process of an uninterrupted run
-    check: Callable[[Path], None]  # what else a finished session must show
+    # what else a finished session must show: check(ws, plane=...)
+    check: Callable[..., None]
 
 
 class Baseline(NamedTuple):
     scenario: Scenario
+    backend: Backend
     config: Path
     before: list[Path | None]      # per process: the workspace as the one before left it
+    stores: list                   # per process: its store as the one before left it
     writes: list[list[Write]]      # per process: its durable writes
     outcome: dict
 
 
-def make_baseline(root: Path, scenario: Scenario) -> Baseline:
-    """Run the scenario uninterrupted, tracing each process and keeping the workspace as
-    each process found it (so kills in a later process start from there)."""
-    base = root / scenario.name
+def make_baseline(root: Path, scenario: Scenario, backend: Backend) -> Baseline:
+    """Run the scenario uninterrupted, tracing each process and keeping the workspace and
+    its store as each process found them (so kills in a later process start from there).
+    The humans act while a process runs, so the copies are of a quiet session."""
+    base = root / backend.name / scenario.name
     config = prepare(base / "shared", scenario.steps, scenario.config)
     ws = base / "baseline" / "ws"
     ws.mkdir(parents=True)
+    store = backend.new(f"{scenario.name}-baseline")
+    plane = backend.plane(ws, store)
     before: list[Path | None] = []
-    with Human(ws):
-        for i, code in enumerate(scenario.exits, 1):
-            trace = base / "baseline" / f"trace{i}"
-            if i == 1:
-                before.append(None)
-                r = start(ws, config, RALPH_TEST_WRITE_TRACE=trace)
-            else:
-                before.append(kit.copy_workspace(ws, base / f"before{i}"))
-                r = resume(ws, RALPH_TEST_WRITE_TRACE=trace)
+    stores: list = []
+    for i, code in enumerate(scenario.exits, 1):
+        trace = base / "baseline" / f"trace{i}"
+        env = {**backend.env(store), "RALPH_TEST_WRITE_TRACE": trace}
+        if i == 1:
+            before.append(None)
+            stores.append(None)
+        else:
+            before.append(kit.copy_workspace(ws, base / f"before{i}"))
+            stores.append(backend.copy(store, f"{scenario.name}-before{i}", before[-1]))
+        with Human(ws, plane):
+            r = start(ws, config, **env) if i == 1 else resume(ws, **env)
             assert r.returncode == code, f"process {i}: exit {r.returncode}\n{r.stdout}{r.stderr}"
     writes = [kit.read_trace(base / "baseline" / f"trace{i}", ws, SID)
               for i in range(1, len(scenario.exits) + 1)]
     for w in writes:
         assert [x.n for x in w] == list(range(1, len(w) + 1)), "one engine process each"
-    result = kit.check_finished(ws, SID, ROOTS)
-    check_parses(ws)
-    scenario.check(ws)
-    return Baseline(scenario, config, before, writes, result)
+    result = kit.check_finished(ws, SID, ROOTS, plane)
+    check_parses(ws, plane)
+    scenario.check(ws, plane=plane)
+    plane.close()
+    return Baseline(scenario, backend, config, before, stores, writes, result)
 
 
 FULL = Scenario("full", SCENARIO, CONFIG, (3, 0), check_humans_and_signals)
 
 
 @pytest.fixture(scope="module")
-def full(root) -> Baseline:
-    base = make_baseline(root, FULL)
+def full(root, backend) -> Baseline:
+    base = make_baseline(root, FULL, backend)
     result = base.outcome
     assert result["status"] == "completed"
     assert result["progress"] == {"1": {"t1": "x", "t2": "x"}}, result["progress"]
@@ -480,27 +602,26 @@ ABORT_STEPS = [
 ]
 
 
-def check_aborted(ws: Path) -> None:
+def check_aborted(ws: Path, plane: Plane) -> None:
     sd = kit.session_dir(ws, SID)
-    mailbox = sd / "signals"
-    assert not list((mailbox / "inputs").iterdir()) and not list(mailbox.rglob("*.taken"))
-    docs = [yaml.safe_load(p.read_text()) for p in (mailbox / "processed").iterdir()]
+    mailbox = plane.mailbox()
+    assert not mailbox.waiting and not mailbox.unfinished and not mailbox.rejected, mailbox
+    docs = mailbox.processed
     assert len(docs) == 1 and docs[0]["type"] == "ABORT", docs
     assert docs[0]["handling_metadata"]["action_taken"] == "aborted the session", docs
     assert "[F] t2: task t2 (batch 1) — Aborted by signal" in \
         (sd / "iterations" / "1" / "progress.md").read_text()
-    meta = metadata(sd)
+    meta = plane.metadata()
     assert meta["status"] == "aborted" and meta["completed_at"]
-    assert meta["orchestrator"]["last_signal"] == \
-        next((mailbox / "processed").iterdir()).name
+    assert meta["orchestrator"]["last_signal"] == docs[0]["name"]
 
 
 ABORTED = Scenario("aborted", ABORT_STEPS, {}, (4,), check_aborted)
 
 
 @pytest.fixture(scope="module")
-def aborted(root) -> Baseline:
-    base = make_baseline(root, ABORTED)
+def aborted(root, backend) -> Baseline:
+    base = make_baseline(root, ABORTED, backend)
     assert base.outcome["status"] == "aborted"
     assert base.outcome["progress"] == {"1": {"t1": "x", "t2": "F"}}
     assert [t[1] for t in base.outcome["transitions"]] == ["plan_ready", "abort"]
@@ -519,17 +640,16 @@ QPAUSE_STEPS = [
 ]
 
 
-def check_question_pause(ws: Path) -> None:
-    sd = kit.session_dir(ws, SID)
-    [q] = questions.questions(str(sd))
+def check_question_pause(ws: Path, plane: Plane) -> None:
+    [q] = plane.questions()
     assert q.text == TIMES_OUT and q.status is questions.QuestionStatus.TIMED_OUT, q
     assert q.timeout_paused, q
-    bus = [r for r in kit.records(sd) if r["source"] == "engine"]
+    bus = [r for r in plane.records() if r["source"] == "engine"]
     assert [r["payload"]["id"] for r in bus if r["topic"] == "human.timeout"] == [q.id]
     assert [r["payload"]["id"] for r in bus if r["topic"] == "human.question"] == [q.id]
     logs = kit.work_area(ws, SID) / "iterations" / "1" / "logs"
     assert "human.timeout" in sorted(logs.glob("*-executor-t1.prompt.md"))[-1].read_text()
-    assert json.loads((sd / "guidance.yaml").read_text()) == []
+    assert plane.guidance() == []
 
 
 QPAUSE = Scenario("question-pause", QPAUSE_STEPS,
@@ -538,8 +658,8 @@ QPAUSE = Scenario("question-pause", QPAUSE_STEPS,
 
 
 @pytest.fixture(scope="module")
-def question_pause(root) -> Baseline:
-    base = make_baseline(root, QPAUSE)
+def question_pause(root, backend) -> Baseline:
+    base = make_baseline(root, QPAUSE, backend)
     assert [t[1] for t in base.outcome["transitions"]] == [
         "plan_ready", "pause", "resume", "batch_done", "next_iteration", "objective_met"]
     return base
@@ -559,16 +679,16 @@ class Point(NamedTuple):
 
 def points_of(base: "Baseline") -> list[Point]:
     """Every write of every process of the uninterrupted run, as a point."""
-    creation = set(kit.creation(base.writes[0]))
+    creation = set(base.backend.creation(base.writes[0]))
     return [Point(p, w, p == 1 and w in creation)
             for p, writes in enumerate(base.writes, 1) for w in writes]
 
 
-def resume_to_the_end(ws: Path, scenario: Scenario) -> None:
+def resume_to_the_end(ws: Path, scenario: Scenario, **env) -> None:
     """Resume until the session is over: its final exit code, or 2 "nothing to resume"
     when the kill came after the summary; a resume that meets a PAUSE exits 3."""
     for _ in range(len(scenario.exits) + 1):
-        r = resume(ws)
+        r = resume(ws, **env)
         if r.returncode == scenario.exits[-1]:
             return
         if r.returncode == 2 and "nothing to resume" in r.stderr:
@@ -579,21 +699,27 @@ def resume_to_the_end(ws: Path, scenario: Scenario) -> None:
 
 
 def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
-    scenario = base.scenario
-    ws = root / scenario.name / "points" / point.name / "ws"
+    scenario, backend = base.scenario, base.backend
+    ws = root / backend.name / scenario.name / "points" / point.name / "ws"
     trace = ws.parent / "trace"
+    store = plane = None
     try:
+        label = f"{scenario.name}-{point.name}"
         if point.process == 1:
             ws.mkdir(parents=True)
+            store = backend.new(label)
         else:
             kit.copy_workspace(base.before[point.process - 1], ws)
-        with Human(ws):
+            store = backend.copy(base.stores[point.process - 1], label, ws)
+        env = backend.env(store)
+        plane = backend.plane(ws, store)
+        with Human(ws, plane):
             if point.process == 1:
                 r = start(ws, base.config, RALPH_TEST_CRASH_AT_WRITE=point.write.n,
-                          RALPH_TEST_WRITE_TRACE=trace)
+                          RALPH_TEST_WRITE_TRACE=trace, **env)
             else:
                 r = resume(ws, RALPH_TEST_CRASH_AT_WRITE=point.write.n,
-                           RALPH_TEST_WRITE_TRACE=trace)
+                           RALPH_TEST_WRITE_TRACE=trace, **env)
             assert r.returncode == KILLED, f"not killed: exit {r.returncode}\n{r.stderr}"
             got = [masked(w) for w in kit.read_trace(trace, ws, SID)]
             want = [masked(w) for w in base.writes[point.process - 1][:point.write.n]]
@@ -601,26 +727,30 @@ def kill_at(root: Path, base: Baseline, point: Point) -> str | None:
                 str(next(((i, g, w) for i, (g, w) in enumerate(zip(got, want), 1) if g != w),
                           f"{len(got)} writes, not {len(want)}"))
             if point.creating:
-                # built aside, renamed in last: no session yet; starting again works
-                assert not kit.session_dir(ws, SID).exists()
-                r = resume(ws)
+                # built aside, committed last: no session yet; starting again works
+                assert not plane.exists()
+                r = resume(ws, **env)
                 assert r.returncode == 2 and "unknown session" in r.stderr, r.stderr
-                r = start(ws, base.config)
+                r = start(ws, base.config, **env)
                 assert r.returncode == scenario.exits[0], \
                     f"start again exited {r.returncode}\n{r.stderr}"
             else:
-                kit.check_after_kill(ws, SID)
-            resume_to_the_end(ws, scenario)
-        result = kit.check_finished(ws, SID, ROOTS)
+                kit.check_after_kill(ws, SID, plane)
+            resume_to_the_end(ws, scenario, **env)
+        result = kit.check_finished(ws, SID, ROOTS, plane)
         assert result == base.outcome, _diff(result, base.outcome)
-        check_parses(ws)
-        scenario.check(ws)
+        check_parses(ws, plane)
+        scenario.check(ws, plane=plane)
     except Exception as e:  # noqa: BLE001 - reported per point
-        return f"{scenario.name}: killed after write {point.write.n} of process " \
-               f"{point.process} ({point.write.kind} {point.write.path}): " \
+        return f"{backend.name} {scenario.name}: killed after write {point.write.n} of " \
+               f"process {point.process} ({point.write.kind} {point.write.path}): " \
                f"{type(e).__name__}: {e}"
+    finally:
+        if plane is not None:
+            plane.close()
     kit.remove_workspace(ws)
     shutil.rmtree(ws.parent, ignore_errors=True)
+    backend.remove(store)
     return None
 
 
@@ -637,7 +767,7 @@ def choose(points: list[Point]) -> list[Point]:
     return [points[i * len(points) // n] for i in range(n)]
 
 
-def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counter:
+def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> list[Point]:
     points = points_of(base)
     if select is not None:
         points = [pt for pt in points if select(pt, base)]
@@ -647,7 +777,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counte
     elapsed = time.monotonic() - began
     kinds = Counter(pt.write.kind for pt in chosen)
     per_process = Counter(pt.process for pt in chosen)
-    print(f"\ncrash matrix ({base.scenario.name}): {len(chosen)} of {len(points)} write points "
+    print(f"\ncrash matrix ({base.backend.name}, {base.scenario.name}): {len(chosen)} of {len(points)} write points "
           f"covered (" + ", ".join(f"process {p}: {n}" for p, n in sorted(per_process.items()))
           + f") in {elapsed:.0f}s; by kind: "
           + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
@@ -655,22 +785,48 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> Counte
         "\n".join(failures)
     if chosen == points:
         assert len(points) >= at_least, f"only {len(points)} write points: the scenario shrank"
-    return kinds
+    return chosen
+
+
+# what the full scenario writes: the kinds of write in the session's local trees (both
+# backends), those of its control plane (the file store's files; the PostgreSQL store's
+# commits, kind "store", by the function that commits)
+LOCAL = {"progress", "iteration-metadata", "task", "plan", "report", "prompt", "review",
+         "scratchpad", "knowledge-record", "knowledge-promote", "summary", "outbox-reset",
+         "reply"}
+CONTROL = {"file": {"metadata", "event", "guidance", "signal-take", "signal-handled",
+                    "signal-reject", "signal-rejected", "question", "question-status",
+                    "config.yaml", "workspace"},
+           "postgres": {"store"}}
+COMMITS = {"PostgresSessions.create", "PostgresSession.save", "PostgresSession._append",
+           "PostgresSignals.take", "PostgresSignals.mark_handled", "PostgresSignals.reject",
+           "PostgresSignals._change_guidance", "PostgresQuestions.save"}
+# a kind of write of the file store's control plane, as the PostgreSQL store commits it
+COMMIT_OF = {"question": "PostgresQuestions.save", "event": "PostgresSession._append"}
+
+
+def committer(w: Write) -> str:
+    """The function that committed a write of the PostgreSQL store (its qualified name)."""
+    return w.path.removeprefix("postgresql:").split(".<locals>")[0]
+
+
+def is_write_of(w: Write, kind: str) -> bool:
+    """Whether `w` writes a `kind` (a file store's kind of write) on either backend."""
+    return w.kind == kind or w.kind == "store" and committer(w) == COMMIT_OF.get(kind)
 
 
 @pytest.mark.slow
 def test_kill_after_every_durable_write_of_a_full_scenario(root, full):
-    kinds = run_matrix(root, full, at_least=100)
+    chosen = run_matrix(root, full, at_least=100)
     if os.environ.get("RALPH_TEST_MATRIX_POINTS"):
         return
-    expected = {"metadata", "event", "progress", "iteration-metadata", "task", "plan",
-                "report", "prompt", "review", "scratchpad", "guidance", "signal-take",
-                "signal-handled", "signal-reject", "signal-rejected", "question",
-                "question-status", "knowledge-record", "knowledge-promote", "summary",
-                "config.yaml", "workspace", "outbox-reset", "reply"}
-    assert expected <= set(kinds), expected - set(kinds)
+    kinds = {pt.write.kind for pt in chosen}
+    expected = LOCAL | CONTROL[full.backend.name]
+    assert expected <= kinds, expected - kinds
+    commits = {committer(pt.write) for pt in chosen if pt.write.kind == "store"}
+    assert commits == (COMMITS if full.backend.name == "postgres" else set()), commits
     # both trees: the work area's writes (in the workspace) are points as much as the
-    # control plane's (in the state directory)
+    # control plane's (in the state directory, or the database)
     work = {w.kind for writes in full.writes for w in writes
             if w.path.startswith(f".ralph-sessions/{SID}/")}
     assert work == {"scratchpad", "outbox-reset", "prompt", "reply"}, work
@@ -686,9 +842,9 @@ def _around_the_timeout(point: Point, base: Baseline) -> bool:
     made durable, and noted on the question."""
     writes = base.writes[point.process - 1]
     if point.process == 1:
-        asked = next(w.n for w in writes if w.kind == "question")
+        asked = next(w.n for w in writes if is_write_of(w, "question"))
         return point.write.n >= asked
-    resumed = next(w.n for w in writes if w.kind == "event")
+    resumed = next(w.n for w in writes if is_write_of(w, "event"))
     return point.write.n <= resumed
 
 

@@ -133,11 +133,12 @@ class _Humans(threading.Thread):
     (`.drops/NNN.json`, a list of signals) is served once (whoever serves the workspace
     next skips it), in order, with the real `ralph signal` run from the test; then
     `.drops/NNN.done` lets the agent go on (or `.failed`, and the error is kept for the
-    test)."""
+    test). `env`: the environment of `ralph signal` (its store)."""
 
-    def __init__(self, ws: Path):
+    def __init__(self, ws: Path, env: dict | None = None):
         super().__init__(daemon=True)
         self.ws = ws
+        self.env = env
         self.served: set[str] = set()
         self.errors: list[str] = []
         self.stopping = threading.Event()
@@ -164,7 +165,7 @@ class _Humans(threading.Thread):
                     argv += ["--target", sig["target"]]
                 if "iteration" in sig:
                     argv += ["--iteration", str(sig["iteration"])]
-                r = ralph(self.ws, *argv)
+                r = ralph(self.ws, *argv, env=self.env)
                 if r.returncode != 0:
                     self.errors.append(f"ralph {' '.join(argv)}: exit {r.returncode}: "
                                        f"{r.stderr.strip()}")
@@ -175,9 +176,9 @@ class _Humans(threading.Thread):
 
 
 @contextmanager
-def humans(ws: Path):
+def humans(ws: Path, env: dict | None = None):
     """The humans serving the agents' requests for signals while inside (see _Humans)."""
-    them = _Humans(ws)
+    them = _Humans(ws, env)
     them.start()
     try:
         yield them
@@ -188,7 +189,7 @@ def humans(ws: Path):
 
 
 def start(ws: Path, sid: str = "s1", env: dict | None = None, timeout: float = 120):
-    with humans(ws):
+    with humans(ws, env):
         return ralph(ws, "session", "start", "test the mailbox", "-c", ws / "ralph.yml",
                      "--id", sid, env=env or base_env(**FAST), timeout=timeout)
 
@@ -320,23 +321,32 @@ def test_targeted_guidance_waits_for_its_role(workspace):
         (sdir / "guidance.yaml").read_text())
 
 
-def test_an_agent_takes_its_own_guidance_with_signals_poll(workspace):
+@pytest.mark.parametrize("backend", ["file", "postgres"])
+def test_an_agent_takes_its_own_guidance_with_signals_poll(workspace, backend, request):
     """While an agent runs the engine leaves STEER/INFO alone: the Executor takes the one
-    meant for it at a step boundary, and it does not come back in a later prompt."""
+    meant for it at a step boundary, and it does not come back in a later prompt. On the
+    PostgreSQL store the mailbox is in the database, where the poll's quick look at the
+    control plane's files cannot see: the engine answers the poll."""
+    from _planes import FilePlane, StorePlane
     ws = workspace
+    env = base_env(**FAST)
+    if backend == "postgres":
+        env["RALPH_STORE_URL"] = request.getfixturevalue("postgres_url")
     setup(ws, [
         plan("t1", "t2"), DONE,
         {**EXECUTE, "task": "t1", "poll": True, "signals": [
             {"type": "steer", "message": "mid-run steer", "target": "Executor"},
             {"type": "info", "message": "not for you", "target": "Reviewer"}]},
         EXECUTE, REVIEW])
-    r = start(ws)
+    r = start(ws, env=env)
     assert r.returncode == 0, r.stderr
-    sdir = only_session(ws)
     [polled] = list(ws.glob("polled-*.json"))
     result = json.loads(polled.read_text())
     assert [s["message"] for s in result["signals"]] == ["mid-run steer"]
-    by_message = {d["message"]: d for d in signal_files(sdir, "processed").values()}
+    plane = FilePlane(ws, "s1") if backend == "file" else \
+        StorePlane(ws, "s1", env["RALPH_STORE_URL"])
+    by_message = {d["message"]: d for d in plane.mailbox().processed}
+    plane.close()
     assert by_message["mid-run steer"]["handling_metadata"]["handled_by"] == "Ralph-Executor"
     assert by_message["not for you"]["handling_metadata"]["handled_by"] == "Ralph-Orchestrator"
     assert all("mid-run steer" not in text for _, text in prompts(ws))

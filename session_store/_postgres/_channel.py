@@ -6,7 +6,7 @@ import os
 
 from .._channels import ChannelFiles
 from .._session import check_id
-from ._db import HeldByConnection, scalar, _lock_key, database, shown_url
+from ._db import HeldByConnection, database, scalar, shown_url
 
 # --- a channel's own state and its one-process lock, fleet-wide ---
 
@@ -33,7 +33,7 @@ class PostgresChannel(ChannelFiles):
 
     def try_lock(self) -> HeldByConnection | None:
         conn = self._db.connect()
-        key = _lock_key("channel", self.channel)
+        key = self._db.lock_key("channel", self.channel)
         if not scalar(conn, "SELECT pg_try_advisory_lock(%s)", (key,)):
             conn.close()
             return None
@@ -42,7 +42,7 @@ class PostgresChannel(ChannelFiles):
         return HeldByConnection(conn)
 
     def lock_holder(self) -> str:
-        key = _lock_key("channel", self.channel)
+        key = self._db.lock_key("channel", self.channel)
         row = self._db.read(lambda cur: cur.execute(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %s "

@@ -80,12 +80,6 @@ def this_machine() -> str:
     return os.environ.get("RALPH_MACHINE") or socket.gethostname()
 
 
-def _lock_key(kind: str, name: str) -> int:
-    """A 64-bit advisory lock key for one session's lease or one channel's lock."""
-    digest = hashlib.blake2b(f"ralph:{kind}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
 def shown_url(url: str) -> str:
     """The URL without its password, for messages (credentials never reach a line)."""
     try:
@@ -111,6 +105,7 @@ class Database:
         self._conn: psycopg.Connection | None = self.connect(patience=0.0)
         self.generation = 1   # the shared connection's: a new one holds none of the old's locks
         self._locks: set[int] = set()   # advisory locks this process holds on it
+        self.namespace = scalar(self._conn, "SELECT current_schema()")
         self._migrate()
 
     def connect(self, *, patience: float | None = None) -> psycopg.Connection:
@@ -169,6 +164,14 @@ class Database:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
             except psycopg.Error:   # the connection is gone, and the lock with it
                 self._conn = None
+
+    def lock_key(self, kind: str, name: str) -> int:
+        """A 64-bit advisory lock key for one session's lease or one channel's lock, in
+        this store (advisory locks are the database's: two stores in two schemas of one
+        database must not share them)."""
+        digest = hashlib.blake2b(f"ralph:{self.namespace}:{kind}:{name}".encode(),
+                                 digest_size=8).digest()
+        return int.from_bytes(digest, "big", signed=True)
 
     def _migrate(self) -> None:
         conn = self._connect()

@@ -7,7 +7,7 @@ import os
 import time
 
 from .._errors import SessionLocked
-from ._db import Database, _lock_key, this_machine
+from ._db import Database, this_machine
 
 
 class PostgresLease:
@@ -15,7 +15,7 @@ class PostgresLease:
 
     def __init__(self, db: Database, sid: str, generation: int):
         self._db, self.session_id, self._generation = db, sid, generation
-        self._key = _lock_key("lease", sid)
+        self._key = db.lock_key("lease", sid)
 
     def keep(self) -> None:
         """The connection that held it was lost (the database restarted, its backend was
@@ -36,7 +36,7 @@ class PostgresLease:
                          "backend_pid = excluded.backend_pid",
                          (sid, os.getpid(), this_machine()))
         deadline = time.monotonic() + wait_seconds
-        while (generation := db.try_lock(_lock_key("lease", sid), name_holder)) is None:
+        while (generation := db.try_lock(db.lock_key("lease", sid), name_holder)) is None:
             if time.monotonic() >= deadline:
                 holder = _lease_holder(db, sid)
                 raise SessionLocked(f"session {sid} is locked by a running engine "
@@ -46,12 +46,15 @@ class PostgresLease:
 
 
 def _lease_holder(db: Database, sid: str) -> int | None:
-    """The pid of the engine holding a session's lease (-1: held, holder unnamed), or None."""
-    key = _lock_key("lease", sid)
+    """The pid of the engine holding a session's lease (-1: held, holder unnamed), or None.
+    pg_locks lists the whole cluster's locks: only this database's are its store's (a
+    session of the same id in another database is another fleet's)."""
+    key = db.lock_key("lease", sid)
     row = db.read(lambda cur: cur.execute(
         "SELECT coalesce(e.pid, -1) FROM pg_locks l "
         "LEFT JOIN ralph_leases e ON e.session_id = %s AND e.backend_pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "AND l.classid = %s AND l.objid = %s",
         (sid, (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone())
     return None if row is None else row[0]
