@@ -170,6 +170,11 @@ def _strategy_for(tp):
         return st.none()
     if origin is list:
         return st.lists(_strategy_for(typing.get_args(tp)[0]), max_size=3)
+    if origin is dict:   # (hooks: the events' names, and anything)
+        key, value = typing.get_args(tp)
+        names = st.sampled_from([f"{when}.{event}" for when in ("pre", "post")
+                                 for event in ("session.start", "plan.ready", "nope")])
+        return st.dictionaries(names | _strategy_for(key), _strategy_for(value), max_size=2)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return st.sampled_from([m.value for m in tp]) | st.text(max_size=8)
     if tp is bool:

@@ -163,14 +163,15 @@ def test_no_reset_said_waits_the_configured_time_and_max_caps_a_long_one(tmp_pat
 
 def test_on_limit_pause_pauses_the_session_and_resume_retries(tmp_path):
     ws = tmp_path
-    steps = [plan("t1"), limited_executor(time.time() + 2), *DONE]
+    until = time.time() + 6   # past the start and the plan however slow the machine
+    steps = [plan("t1"), limited_executor(until), *DONE]
     paused = start(ws, steps, config={"agent": {"on_limit": "pause"}}, wait=True)
     sd = only_session(ws)
     assert paused.returncode == 3, paused.stdout + paused.stderr
     m = metadata(sd)
     assert m["orchestrator"]["pause_kind"] == "usage_limit"
     assert "demo hit its usage limit" in m["orchestrator"]["pause_reason"]
-    time.sleep(2)
+    time.sleep(max(0.0, until - time.time()))
     resumed = ralph(ws, "session", "resume", "s", timeout=60)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert recorded_attempts(ws, "s") == ["done"]
