@@ -86,10 +86,11 @@ def _create(path: str, text: str) -> None:
         os.unlink(tmp)
 
 
-def _asked(control: str, text: str) -> bool:
+def _asked(text: str) -> bool:
     """Whether a question with this text exists in the session: read in the control plane
-    ($RALPH_CONTROL_DIR), or, on the PostgreSQL store, in its database: the test gives
-    this agent (and no real one) its URL, $MATRIX_STORE_URL."""
+    ($RALPH_CONTROL_DIR), or, on the PostgreSQL store (which gives an agent no control
+    directory), in its database: the test gives this agent (and no real one) its URL,
+    $MATRIX_STORE_URL."""
     import yaml
     url = os.environ.get("MATRIX_STORE_URL")
     if url:
@@ -99,7 +100,7 @@ def _asked(control: str, text: str) -> bool:
                 "SELECT question FROM ralph_questions WHERE session_id = %s",
                 (os.environ["RALPH_SESSION_ID"],))]
         return text in texts
-    folder = os.path.join(control, "questions")
+    folder = os.path.join(os.environ["RALPH_CONTROL_DIR"], "questions")
     for name in os.listdir(folder):
         if name.endswith(".yaml") and not name.startswith("."):
             with open(os.path.join(folder, name), "rb") as f:
@@ -125,10 +126,10 @@ def main() -> int:
         time.sleep(60)
         return 9
     ask = step.get("ask_once")
-    if ask and not _asked(env["RALPH_CONTROL_DIR"], ask["text"]):
+    if ask and not _asked(ask["text"]):
         step = {"emit": [{"topic": "human.interact", "json": ask}]}
     in_run = step.pop("ask_in_run", None)
-    if in_run and not _asked(env["RALPH_CONTROL_DIR"], in_run["question"]):
+    if in_run and not _asked(in_run["question"]):
         step["ask"] = in_run
     return demo_agent.play(step, env)
 
