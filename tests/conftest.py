@@ -88,6 +88,13 @@ def artifacts_dir() -> Path:
 
 def pytest_configure(config):
     config.stash[ARTIFACTS] = []
+    # a run started in a shell's background (`cmd &`, nohup) ignores SIGINT, and every
+    # engine it spawns would inherit that (an ignored signal outlives exec): the tests that
+    # interrupt an engine as a terminal's ^C does would wait for it in vain. A handler
+    # does not outlive exec: the children get SIGINT's default, as from a terminal
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # the sessions' control planes: one state directory for the run, outside every test's
     # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart
     if not os.environ.get("RALPH_STATE_DIR"):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,18 +31,10 @@ def ralph(ws: Path, *args, env: dict | None = None, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
-def _hears_interrupts() -> None:
-    """In the child: ^C (SIGINT) as a terminal's user sends it. A test run started in the
-    background of a shell (`cmd &`, nohup) ignores SIGINT, and its children would inherit
-    that: the tests that interrupt an engine would wait for it in vain."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def spawn(ws: Path, *args, env: dict | None = None) -> subprocess.Popen:
     """Start `ralph ARGS` in `ws` without waiting (stdout/stderr captured)."""
     return subprocess.Popen(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_hears_interrupts)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
