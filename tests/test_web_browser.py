@@ -414,3 +414,40 @@ def test_the_diagram_is_drawn_at_a_size_its_labels_can_be_read(workspace, browse
         page.wait_for_function("d => d.scrollWidth > d.clientWidth", arg=drawing.element_handle())
     finally:
         server.stop(expect=None)
+
+
+@pytest.mark.slow
+def test_a_fleets_page_says_where_each_session_runs(tmp_path, browser, shot, postgres_url,
+                                                    monkeypatch):
+    """On a fleet's store (issue 24) each row says its machine and workspace, and so
+    does the session's page: where it runs, and where it is resumed."""
+    from _web import now
+    import session_store
+    spaces = {}
+    for machine in ("alpha", "beta"):
+        ws = tmp_path / machine / "ws"
+        ws.mkdir(parents=True)
+        for name, value in (("RALPH_STORE_URL", postgres_url), ("RALPH_MACHINE", machine),
+                            ("RALPH_STATE_DIR", str(tmp_path / machine / "state"))):
+            monkeypatch.setenv(name, value)
+        session_store.create(str(ws), f"objective on {machine}", now=now(),
+                             session_id=f"on-{machine}")
+        spaces[machine] = ws
+    desk = tmp_path / "desk"
+    desk.mkdir()
+    server = WebServer(desk, env=base_env(RALPH_STORE_URL=postgres_url,
+                                          RALPH_STATE_DIR=tmp_path / "desk-state"))
+    page = browser.new_page(viewport={"width": 1280, "height": 400})
+    try:
+        page.goto(server.page())
+        for machine, ws in spaces.items():
+            place = page.locator(f'tr[data-session="on-{machine}"] .place')
+            place.wait_for()
+            assert place.text_content() == f"{machine}:{ws}"
+        shot(page, "08-a-fleets-sessions", full_page=False)
+        page.goto(server.page("/s/on-beta"))
+        place = page.locator("p.place")
+        place.wait_for()
+        assert place.text_content() == f"on beta, workspace {spaces['beta']}"
+    finally:
+        server.stop(expect=None)

@@ -13,7 +13,13 @@ function sessionRow(v) {
       h("td", {}, link), h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
   }
   return h("tr", { class: rowClass(v), dataset: { session: v.session_id } },
-    h("td", {}, link, h("div", { class: "objective" }, v.objective)), ...detailCells(v));
+    h("td", {}, link, h("div", { class: "objective" }, v.objective), place(v)),
+    ...detailCells(v));
+}
+
+// On a fleet's store: the machine and workspace a session runs in (where to resume it)
+function place(v) {
+  return v.machine ? h("div", { class: "place" }, `${v.machine}:${v.workspace}`) : null;
 }
 
 function rowClass(v) {

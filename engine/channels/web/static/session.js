@@ -25,6 +25,7 @@ function summaryOf(v) {
         v.running ? `engine running (pid ${v.engine_pid})`
           : engine === "interrupted" ? "interrupted: no engine runs it" : "")),
     h("p", { class: "objective" }, v.objective),
+    v.machine ? h("p", { class: "place" }, `on ${v.machine}, workspace ${v.workspace}`) : null,
     v.pause_reason ? h("p", { class: "pause-reason" }, `Paused: ${v.pause_reason}`) : null,
     v.waiting ? h("p", { class: "limit-wait", id: "limit-wait" },
       `${v.waiting[0].toUpperCase()}${v.waiting.slice(1)}: the ${v.limit_wait.role}` +
