@@ -36,14 +36,18 @@ from fake_telegram import FakeTelegram  # noqa: E402  (the test suite's Bot API)
 
 EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
             "complexity: 3, duplication: pass")
-SCENARIO = f"""\
+PLANNED = """\
 steps:
   - role: planner
     iteration: 1
-    emit: [{{topic: plan.ready, json: {{tasks: [{{id: t1, title: one task}}]}}}}]
+    emit: [{topic: plan.ready, json: {tasks: [{id: t1, title: one task}]}}]
+"""
+ASKS = """\
   - role: executor
     attempt: 1
-    emit: [{{topic: human.interact, payload: "Tabs or spaces?"}}]
+    emit: [{topic: human.interact, payload: "Tabs or spaces?"}]
+"""
+TO_APPROVAL = f"""\
   - role: executor
     emit: [{{topic: build.done, payload: "{EVIDENCE}"}}]
   - role: reviewer
@@ -52,21 +56,31 @@ steps:
     write_iteration: {{knowledge/notes.md: "# notes\\n"}}
     emit: [{{topic: knowledge.staged, payload: notes.md}}]
 """
+# one task built and reviewed, knowledge staged: the session then waits in
+# KNOWLEDGE_APPROVAL, where its engine handles signals as they land
+WAITS = PLANNED + TO_APPROVAL
+SCENARIO = PLANNED + ASKS + TO_APPROVAL   # and a question answered on the way
+
+
+def write_config(workspace: str, scenario: str, extra: str = "") -> str:
+    """The demo agent playing `scenario`, knowledge waiting for approval, no fallback
+    (plus `extra` lines of ralph.yml); returns the config's path."""
+    script = os.path.join(workspace, "scenario.yaml")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(scenario)
+    path = os.path.join(workspace, "ralph.yml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"agent: {{backend: demo, script: {script}}}\n"
+                f"knowledge: {{approval: required, timeout_seconds: 3600}}\n"
+                f"fallback: {{enabled: false}}\n{extra}")
+    return path
 
 
 def _config(workspace: str, url: str) -> str:
-    scenario = os.path.join(workspace, "scenario.yaml")
-    with open(scenario, "w", encoding="utf-8") as f:
-        f.write(SCENARIO)
-    path = os.path.join(workspace, "ralph.yml")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"agent: {{backend: demo, script: {scenario}}}\n"
-                f"knowledge: {{approval: required, timeout_seconds: 3600}}\n"
-                f"fallback: {{enabled: false}}\n"
-                f"RObot:\n  enabled: true\n  timeout_seconds: 3600\n  telegram:\n"
-                f"    bot_token: '{TOKEN}'\n    api_url: '{url}'\n"
-                f"    allowed_chat_ids: [{CHAT}]\n")
-    return path
+    return write_config(workspace, SCENARIO,
+                        f"RObot:\n  enabled: true\n  timeout_seconds: 3600\n  telegram:\n"
+                        f"    bot_token: '{TOKEN}'\n    api_url: '{url}'\n"
+                        f"    allowed_chat_ids: [{CHAT}]\n")
 
 
 def _rss_mb(pid: int) -> float:

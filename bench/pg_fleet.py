@@ -27,28 +27,12 @@ import time
 
 from _common import Row, median, ms, now, percentile, ralph_script, ratio, say, session_env, \
     stop_process
+from fleet import WAITS, write_config
 from overhead import NoopAgent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import postgres_cluster  # noqa: E402  (the test suite's throwaway cluster)
-
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 90, "
-            "complexity: 3, duplication: pass")
-SCENARIO = f"""\
-steps:
-  - role: planner
-    iteration: 1
-    emit: [{{topic: plan.ready, json: {{tasks: [{{id: t1, title: one task}}]}}}}]
-  - role: executor
-    emit: [{{topic: build.done, payload: "{EVIDENCE}"}}]
-  - role: reviewer
-    emit: [{{topic: review.done, payload: "tests: pass, build: pass"}}]
-  - role: librarian
-    write_iteration: {{knowledge/notes.md: "# notes\\n"}}
-    emit: [{{topic: knowledge.staged, payload: notes.md}}]
-"""
-
 
 class StoreUrl:
     """RALPH_STORE_URL set in this process for a while (the store's verbs read it)."""
@@ -92,22 +76,10 @@ def cpu_per_transition(base: str, url: str | None, iterations: int) -> float:
         shutil.rmtree(workspace, ignore_errors=True)
 
 
-def _config(workspace: str) -> str:
-    scenario = os.path.join(workspace, "scenario.yaml")
-    with open(scenario, "w", encoding="utf-8") as f:
-        f.write(SCENARIO)
-    path = os.path.join(workspace, "ralph.yml")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"agent: {{backend: demo, script: {scenario}}}\n"
-                f"knowledge: {{approval: required, timeout_seconds: 3600}}\n"
-                f"fallback: {{enabled: false}}\n")
-    return path
-
-
 def fleet(base: str, url: str, sessions: int, signals_count: int, iterations: int) -> dict:
     import psycopg
     workspace = tempfile.mkdtemp(prefix="ralph-bench-pgfleet-", dir=base)
-    config = _config(workspace)
+    config = write_config(workspace, WAITS)
     env = session_env(RALPH_DEMO_SLEEP_SCALE="0", RALPH_STORE_URL=url)
     procs: dict[str, subprocess.Popen] = {}
     try:

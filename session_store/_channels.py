@@ -16,7 +16,8 @@ from ._changes import Change, change_at, watch_paths
 from ._errors import BadInput
 from ._events import events_after, last_seq
 from ._handles import SessionQuestions
-from ._session import Session, check_id, list_ids, load, sessions_root, store_url
+from ._session import (Session, check_id, fleet_store, list_ids, load, sessions_root,
+                       store_url)
 
 if TYPE_CHECKING:
     from ._interface import Held
@@ -25,11 +26,7 @@ if TYPE_CHECKING:
 def open_sessions(workspace: str) -> "Sessions":
     """The sessions a channel serves: the workspace's, or on a fleet's database (the
     store's URL) every machine's."""
-    url = store_url()
-    if url is None:
-        return Sessions(workspace)
-    from ._postgres import PostgresSessions
-    return PostgresSessions(url, workspace)   # type: ignore[return-value]
+    return fleet_store(workspace) or Sessions(workspace)
 
 
 def open_channel(workspace: str, channel: str) -> "ChannelFiles":

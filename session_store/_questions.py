@@ -16,6 +16,7 @@ import enum
 import os
 import stat
 from datetime import datetime
+from typing import Callable
 
 from attrs import field
 
@@ -213,20 +214,29 @@ def pending(session_dir: str) -> list[Question]:
 def answer(session_dir: str, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
     """Write the one answer to `qid`; UnknownQuestion, QuestionCancelled or AlreadyAnswered
     (all BadInput) when it is unknown, cancelled or answered."""
-    question = load_question(session_dir, qid)
+    result = answer_to(load_question(session_dir, qid), text, now=now, channel=channel,
+                       answered=lambda: has_answer(session_dir, qid))
+    if not create_exclusive(_apath(session_dir, qid), dump_plain(unstructure(result)), "answer"):
+        raise AlreadyAnswered(f"question {qid} is already answered")
+    return result
+
+
+def answer_to(question: Question, text: str, *, now: datetime, channel: str,
+              answered: Callable[[], bool]) -> Answer:
+    """The answer `text` gives `question`, as every backend checks it before writing it:
+    refused (BadInput) when not UTF-8 text, when the question was cancelled, when it is
+    `answered()` already; an option named by its number or text stands as its own text."""
+    qid = question.id
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise BadInput(f"the answer to {qid} is not valid UTF-8 text") from None
     if question.status is QuestionStatus.CANCELLED:
         raise QuestionCancelled(f"question {qid} was cancelled: it takes no answer")
-    if has_answer(session_dir, qid):   # before the option check: "already" says it all
+    if answered():   # before the option check: "already" says it all
         raise AlreadyAnswered(f"question {qid} is already answered")
-    text = chosen_option(question.options, text, qid)
-    result = Answer(question=qid, text=text, answered_at=now, channel=channel)
-    if not create_exclusive(_apath(session_dir, qid), dump_plain(unstructure(result)), "answer"):
-        raise AlreadyAnswered(f"question {qid} is already answered")
-    return result
+    return Answer(question=qid, text=chosen_option(question.options, text, qid),
+                  answered_at=now, channel=channel)
 
 
 def chosen_option(options: list[str], text: str, qid: str = "the question") -> str:

@@ -47,8 +47,8 @@ def new_session_id(now: datetime) -> str:
     return f"{now.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
 
 
-def _database(workspace: str | None):
-    """The PostgreSQL store's sessions, or None on the file store."""
+def fleet_store(workspace: str | None):
+    """The PostgreSQL store's sessions (the store's URL says where), or None: files."""
     url = store_url()
     if url is None:
         return None
@@ -291,7 +291,7 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
            limits: Limits | None = None, config_path: str | None = None,
            config_snapshot: str | None = None, git: GitInfo | None = None) -> Session:
     """Make a session directory whole, or not at all: built aside, then renamed in."""
-    database = _database(workspace)
+    database = fleet_store(workspace)
     if database is not None:
         return database.create(objective, now=now, session_id=session_id, limits=limits,
                                config_path=config_path, config_snapshot=config_snapshot,
@@ -350,7 +350,7 @@ def _record_workspace(workspace: str) -> None:
 def load(workspace: str, session_id: str) -> Session:
     """Read and validate a session's metadata (strict: a bad file is BadInput, untouched)."""
     check_id(session_id)
-    database = _database(workspace)
+    database = fleet_store(workspace)
     if database is not None:
         return database.load(session_id)
     path = os.path.join(sessions_root(workspace), session_id, METADATA_FILE)
@@ -375,7 +375,7 @@ def load_work_area(work_dir: str) -> Session:
 
 
 def list_ids(workspace: str) -> list[str]:
-    database = _database(workspace)
+    database = fleet_store(workspace)
     if database is not None:   # the fleet's: every machine's sessions
         return database.ids()
     root = sessions_root(workspace)

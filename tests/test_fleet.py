@@ -176,7 +176,7 @@ def test_kill_9_of_an_engine_ends_its_lease_and_resume_goes_on(fleet):
     assert len(_transitions_whole(beta, "b")) > before
 
 
-def _terminate_backends(url: str, but: int | None = None) -> int:
+def _terminate_backends(url: str) -> int:
     """pg_terminate_backend for every other connection to the test's database (what a
     killed backend or a restarting pooler does to the engine's connections)."""
     with psycopg.connect(url, autocommit=True) as conn:

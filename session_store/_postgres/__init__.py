@@ -22,11 +22,7 @@ was lost finds it and returns its result instead of writing twice.
 from __future__ import annotations
 
 from ._channel import PostgresChannel
-from ._db import Database, HeldByConnection, StoreUnreachable, database, shown_url, this_machine
-from ._mailbox import PostgresQuestions, PostgresSignals
-from ._lease import PostgresLease
-from ._sessions import Listener, PostgresSession, PostgresSessions
+from ._db import database
+from ._sessions import PostgresSession, PostgresSessions
 
-__all__ = ["Database", "HeldByConnection", "Listener", "PostgresChannel", "PostgresLease",
-           "PostgresQuestions", "PostgresSession", "PostgresSessions", "PostgresSignals",
-           "StoreUnreachable", "database", "shown_url", "this_machine"]
+__all__ = ["PostgresChannel", "PostgresSession", "PostgresSessions", "database"]

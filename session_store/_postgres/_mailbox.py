@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Callable
 
 from .._codec import structure, unstructure
-from .._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
-from .._questions import Answer, Question, QuestionStatus, Undeliverable, chosen_option
+from .._errors import AlreadyAnswered, BadInput, UnknownQuestion
+from .._questions import Answer, Question, QuestionStatus, Undeliverable, answer_to
 from .._schema import dump_plain, parse_yaml
 from .._session import check_id
 from .._signals import Signal, validate
@@ -95,17 +95,8 @@ class PostgresQuestions:
         return sorted(found, key=lambda q: q.asked_at)
 
     def answer(self, qid: str, text: str, *, now: datetime, channel: str = "cli") -> Answer:
-        question = self.load(qid)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadInput(f"the answer to {qid} is not valid UTF-8 text") from None
-        if question.status is QuestionStatus.CANCELLED:
-            raise QuestionCancelled(f"question {qid} was cancelled: it takes no answer")
-        if self.has_answer(qid):
-            raise AlreadyAnswered(f"question {qid} is already answered")
-        result = Answer(question=qid, text=chosen_option(question.options, text, qid),
-                        answered_at=now, channel=channel)
+        result = answer_to(self.load(qid), text, now=now, channel=channel,
+                           answered=lambda: self.has_answer(qid))
         line = dump_plain(unstructure(result))
 
         def insert(cur):
