@@ -164,8 +164,9 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
 
 def _bot_host(workspace: str) -> int | None:
     """The pid of the engine hosting the workspace's Telegram bot (it holds the lock)."""
-    from engine.channels.telegram.host import lock_holder
-    holder = lock_holder(workspace).split()
+    from engine.channels.telegram.host import CHANNEL
+    from session_store import open_channel
+    holder = open_channel(workspace, CHANNEL).lock_holder().split()
     return int(holder[0]) if holder and holder[0].isdigit() else None
 
 
