@@ -12,7 +12,6 @@ from attrs import define, field
 from session_store import ROLES, BadInput, parse_yaml, structure_each, unstructure
 
 
-
 class Backend(enum.Enum):
     DEMO = "demo"
     COMMAND = "command"
@@ -49,6 +48,19 @@ class Approval(enum.Enum):
     SKIP = "skip"
 
 
+class ApprovalDefault(enum.Enum):
+    DENY = "deny"
+    ALLOW = "allow"
+
+
+@define
+class ApprovalRule:
+    """A tool call a human approves first (engine/tools/approve.py has the syntax)."""
+    rule: str
+    timeout_seconds: float | None = None   # null: RObot.timeout_seconds
+    default: ApprovalDefault = ApprovalDefault.DENY   # what an unanswered one gets
+
+
 @define
 class Prices:
     """USD per million tokens: what a run costs when its CLI reports tokens, not USD."""
@@ -70,6 +82,8 @@ class AgentConfig:
     limit_fallback: AgentOverride | None = None   # for on_limit: switch
     limit_wait_seconds: float = 3600.0       # when the CLI does not say when it resets
     max_limit_wait_seconds: float = 43200.0  # the longest one wait; then the step is retried
+    # tool calls a human approves first, asked through the CLI's hook (claude, codex, gemini)
+    approve: list[ApprovalRule] = field(factory=list)
 
 
 @define
@@ -229,7 +243,7 @@ def parse(text: str | bytes, source: str, all_errors: bool = False,
                        f"file (an agent can rewrite the workspace's ralph.yml, and the store is "
                        f"where the human's control lives): set RALPH_STORE_URL in the "
                        f"environment of ralph's commands")
-    config, errors = structure_each(data, Config)
+    config, errors = structure_each(_rules_as_mappings(data), Config)
     errors += range_errors(config)
     if channels is not None and not any(e.startswith("$.RObot") for e in errors):
         errors += channels(config)
@@ -237,6 +251,14 @@ def parse(text: str | bytes, source: str, all_errors: bool = False,
         lines = [f"{source}: {e}" for e in errors]
         raise BadInput("\n".join(lines if all_errors else lines[:1]))
     return config
+
+
+def _rules_as_mappings(data):
+    """`agent.approve` takes a rule alone ("Bash(git push*)") for {rule: ...}."""
+    agent = data.get("agent") if isinstance(data, dict) else None
+    if isinstance(agent, dict) and isinstance(agent.get("approve"), list):
+        agent["approve"] = [{"rule": r} if isinstance(r, str) else r for r in agent["approve"]]
+    return data
 
 
 def load(path: str | None, all_errors: bool = False,
@@ -321,14 +343,20 @@ def _last_started(workspace: str) -> tuple[str, Config] | None:
         return None
 
 
+def _started_if_rewritable(workspace: str, source: str | None) -> tuple[str, Config] | None:
+    """The newest session and its config, when `source` is a config inside the workspace
+    (which agents can rewrite) and a session started before; else None."""
+    if source is None or outside_allowed(workspace, source):
+        return None
+    return _last_started(workspace)
+
+
 def check_telegram_as_started(config: Config, workspace: str, source: str | None) -> None:
     """A config inside the workspace (which agents can rewrite) may not move the bot to
     another API root or admit other chats than the newest session started with: a
     rewritten `api_url` would hand that host the token, a chat the agent's own the
     session. A config outside the workspace is the human's own."""
-    if source is None or outside_allowed(workspace, source):
-        return
-    started = _last_started(workspace)
+    started = _started_if_rewritable(workspace, source)
     if started is None:
         return
     sid, then = started
@@ -338,6 +366,24 @@ def check_telegram_as_started(config: Config, workspace: str, source: str | None
             raise BadInput(f"{source}: $.RObot.telegram.{name} differs from what session "
                            f"{sid} started with, and agents can rewrite this file: check it, "
                            f"or give a config outside the workspace with -c")
+
+
+def check_approvals_as_started(config: Config, workspace: str, source: str | None) -> None:
+    """A config inside the workspace (which agents can rewrite) may not loosen the
+    approvals the newest session started with (drop a rule, make its default allow)."""
+    started = _started_if_rewritable(workspace, source)
+    if started is None:
+        return
+    sid, then = started
+    now = {r.rule: r.default for r in config.agent.approve}
+    for rule in then.agent.approve:
+        if rule.rule not in now or now[rule.rule] is ApprovalDefault.ALLOW and \
+                rule.default is ApprovalDefault.DENY:
+            raise BadInput(f"{source}: $.agent.approve: "
+                           f"{'drops' if rule.rule not in now else 'makes allow the default of'}"
+                           f" the rule {rule.rule!r} that "
+                           f"session {sid} started with, and agents can rewrite this file: "
+                           f"check it, or give a config outside the workspace with -c")
 
 
 def changed_agents(config: Config, workspace: str) -> str | None:

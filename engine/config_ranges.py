@@ -96,7 +96,24 @@ def range_errors(config: Config) -> list[str]:
         value = getattr(config.fallback, name)
         if f"fallback.{name}" not in not_finite and not 0 <= value <= 1:
             errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {shown(value)}")
-    errors += hook_errors(config)
+    errors += hook_errors(config) + approval_errors(config)
+    return errors
+
+
+def approval_errors(config: Config) -> list[str]:
+    """`agent.approve`: each rule in the CLIs' syntax, each timeout a finite wait."""
+    from .tools.approve import Rule
+    errors = []
+    for i, rule in enumerate(config.agent.approve):
+        where = f"$.agent.approve[{i}]"
+        try:
+            Rule(rule.rule)
+        except ValueError as e:
+            errors.append(f"{where}.rule: {e}, got {shown(rule.rule)}")
+        seconds = rule.timeout_seconds
+        if seconds is not None and not (0 < seconds <= MAX_SECONDS):   # NaN fails too
+            errors.append(f"{where}.timeout_seconds: expected more than 0 and at most "
+                          f"{MAX_SECONDS:.0f} seconds, got {shown(seconds)}")
     return errors
 
 

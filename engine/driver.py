@@ -6,6 +6,7 @@ COMPLETE or PAUSED; then the exit code.
   Mailbox        the signals the engine takes, guidance for the next prompts
   HumanDesk      questions asked by the loop, the hold, late answers
   RunQuestions   questions agents ask inside their runs, answered back to them
+  Approvals      tool calls agents' CLIs ask a human to approve (agent.approve)
   Inlet          what agents' tools send through the work area's outbox
   LimitKeeper    the agents' usage limits, waited out (or switched around) durably
   Assessor       seed 004's confidence and the help it asks for
@@ -36,7 +37,7 @@ from .context import Work
 from .diagnostics import Diagnostics, enabled as diagnostics_on
 from .hooks import Hooks
 from .lifecycle import LifecycleHooks
-from .humans import Assessor, BlockerLedger, HumanDesk, RunQuestions
+from .humans import Approvals, Assessor, BlockerLedger, HumanDesk, RunQuestions
 from .inlet import Inlet
 from .knowledge import KnowledgeKeeper
 from .lanes import EngineLock, Wakeups
@@ -78,16 +79,20 @@ class Engine:
             session, self.clock, robot=config.RObot, announce=desk.announce_question,
             state=state, reply=lambda rid, data: self.inlet.reply(rid, data),
             wakeup=self.wakeup)
+        self.approvals = approvals = Approvals(
+            session, self.clock, rules=config.agent.approve, robot=config.RObot,
+            announce=desk.announce_question, state=state,
+            reply=lambda rid, data: self.inlet.reply(rid, data), wakeup=self.wakeup)
         self.inlet = Inlet(session, max_bytes=config.event_loop.max_event_bytes,
                            on_ask=asked.ask, on_ask_gone=asked.gone,
-                           on_poll=self.mailbox.take_for_role)
+                           on_poll=self.mailbox.take_for_role, on_approve=approvals.request)
         self.limits = limits = LimitKeeper(tracker, config, self.mailbox, clock=self.clock,
                                            wakeup=self.wakeup, say=self.say,
                                            publish=lambda t, p: self.runner.publish(t, p))
         self.runner = runner = AgentRunner(
             session, tracker, config, self.mailbox, self.inlet, limits,
             agent_for=agent_for or (lambda role: make_agent(limits.agent_config(role))),
-            admit=lambda: limit_reached(tracker) or desk.hold(), wakeup=self.wakeup,
+            admit=lambda: limit_reached(tracker) or self._hold(), wakeup=self.wakeup,
             say=self.say, clock=self.clock)
         desk.on_answer.append(self._answered)
         self.assessor = assessor = Assessor(
@@ -109,14 +114,15 @@ class Engine:
             runner.observers.insert(0, self._diagnose_run)
             runner.gates_judged = self.diagnostics.gates
         runner.run_ended += [lambda unit, run: asked.end_run(run),
+                             lambda unit, run: approvals.end_run(run),
                              lambda unit, run: desk.release_in_run_questions(unit),
                              lambda unit, run: desk.announce()]
-        runner.woken += [asked.serve, desk.announce]
+        runner.woken += [asked.serve, approvals.serve, desk.announce]
         self.machine = SessionMachine(tracker, record=self.record_transition, before={
             Hook.POLL: lambda nxt: self.mailbox.poll(Mode.TRANSITION),
             Hook.POLL_RESUME: lambda nxt: self.mailbox.poll(Mode.RESUME),
             Hook.ASSESS: self._assess,
-            Hook.HOLD: lambda nxt: desk.hold()})
+            Hook.HOLD: lambda nxt: self._hold()})
         repo = WorkspaceGit(session.workspace) if session.metadata.git else None
         self.commits = TaskCommits(repo, session, say=self.say) if repo else None
         self.parallel = ParallelBatch(session, runner, repo, width=config.event_loop.parallel,
@@ -126,6 +132,12 @@ class Engine:
                          desk=desk, assessor=self.assessor, knowledge=self.knowledge,
                          commits=self.commits, config=config, say=self.say,
                          wait_until=self.wait_until, parallel=self.parallel)
+
+    def _hold(self) -> Next | None:
+        """Before each run and transition: approvals whose deadline passed while no hook
+        waited are decided; then the hold for a pending loop question."""
+        self.approvals.serve()
+        return self.desk.hold()
 
     @property
     def metadata(self):
@@ -202,6 +214,7 @@ class Engine:
         try:
             self.reconcile()
             self.desk.recover()
+            self.approvals.recover()
             pending = self.mailbox.recover()
             if pending is None and self.current not in (State.PAUSED, State.COMPLETE):
                 # an interrupted session: a PAUSE or ABORT queued meanwhile goes first

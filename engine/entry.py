@@ -1,5 +1,6 @@
 """The `ralph` console script. Agents call `ralph emit`, `tools interact progress` and
-`tools signals poll` constantly, so those paths load only engine.tools.emit and the event
+`tools signals poll` constantly (and their CLIs `tools approve` before tool calls), so those
+paths load only engine.tools.emit and the event
 bus (a poll that finds signals to take goes on to the CLI), never the CLI module or its
 libraries."""
 import os
@@ -15,6 +16,9 @@ def main() -> None:
             not {"-h", "--help"} & set(sys.argv[4:]):
         from engine.tools.emit import progress_main
         sys.exit(progress_main(sys.argv[4:]))
+    if sys.argv[1:3] == ["tools", "approve"] and not {"-h", "--help"} & set(sys.argv[3:]):
+        from engine.tools.approve import main as approve_main   # a CLI's pre-tool hook
+        sys.exit(approve_main(sys.argv[3:]))
     if sys.argv[1:4] == ["tools", "signals", "poll"] and in_a_run:
         from engine.tools.emit import poll_when_empty
         code = poll_when_empty(sys.argv[4:])

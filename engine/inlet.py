@@ -5,7 +5,8 @@ Nothing in a line is trusted. The source of what it says is the run the engine o
 is refused; a topic only the engine or a human may say (`session.*`, `human.response`,
 ...) is refused; a request past the size cap is refused unread. Each refusal is recorded
 on the bus as `emit.refused` with the reason. Questions go to the human desk, polls to
-the mailbox, and their replies back to the work area's inbox.
+the mailbox, tool calls to approve to the approvals, and their replies back to the work
+area's inbox.
 """
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ class Inlet:
     def __init__(self, session, *, max_bytes: int,
                  on_ask: Callable[[dict, RunInfo, list], dict | None],
                  on_ask_gone: Callable[[str], None],
-                 on_poll: Callable[[str], dict]):
+                 on_poll: Callable[[str], dict],
+                 on_approve: Callable[[dict, RunInfo, list], dict | None]):
         self.session = session
         self.max_bytes = max_bytes
         self._outbox = Outbox(session.work, max_bytes)
         self._on_ask = on_ask            # -> a reply now (refused), or None (the desk replies)
         self._on_ask_gone = on_ask_gone
         self._on_poll = on_poll
+        self._on_approve = on_approve    # a CLI's hook: a tool call to approve
         self._runs: dict[str, RunInfo] = {}   # the open runs (several in a parallel batch)
         self._presence: int | None = None
         self._replied = True   # replies may be in the inbox (a dead engine's, say)
@@ -164,6 +167,10 @@ class Inlet:
             refused = self._on_ask(request, run, line.via)
             if refused is not None:
                 self._refuse(line, request, refused["refused"])
+        elif kind == "approve":
+            refused = self._on_approve(request, run, line.via)
+            if refused is not None:
+                self._refuse(line, request, refused["refused"])
         elif kind == "ask.gone":
             self._on_ask_gone(str(request.get("id")))
 
@@ -182,7 +189,7 @@ class Inlet:
                                   run=claimed if isinstance(claimed, str) else None,
                                   via=line.via)
         rid = request.get("id")
-        if request.get("kind") in ("ask", "poll") and isinstance(rid, str):
+        if request.get("kind") in ("ask", "poll", "approve") and isinstance(rid, str):
             self.reply(rid, {"refused": why})
 
 

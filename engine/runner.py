@@ -30,13 +30,15 @@ from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
 from . import gates, prompt
-from .agents import Invocation, McpServer, Outcome, containment, preset_for, ralph_argv
+from .agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,
+                     ralph_argv)
 from .agents.preset import reported_usd
 from .config import AgentConfig
 from .inlet import Inlet, RunInfo
 from .limits import LimitKeeper
 from .mailbox import Mailbox, Mode, Rerun
 from .secrets import secret
+from .tools.approve import Rule
 from .tracker import Tracker
 
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
@@ -238,8 +240,18 @@ class AgentRunner:
                                     ask_timeout=self.config.RObot.timeout_seconds,
                                     ended=self._end_run, mcp=mcp,
                                     conversation=conversation, now=self.clock.now,
-                                    in_worktree=self.tree != self.session.workspace),
+                                    in_worktree=self.tree != self.session.workspace,
+                                    approve=self._approval_hook(env)),
                          [g["id"] for g in guidance], unit, agent, key)
+
+    def _approval_hook(self, env: dict[str, str]) -> ApprovalHook | None:
+        rules = self.config.agent.approve
+        if not rules:
+            return None
+        longest = max(r.timeout_seconds or self.config.RObot.timeout_seconds for r in rules)
+        return ApprovalHook(self._ralph, tuple(dict.fromkeys(
+            Rule(r.rule).tool_text for r in rules)), int(longest + 60),
+            {k: v for k, v in env.items() if k.startswith("RALPH_")})
 
     def _continued(self, unit: str, agent: AgentConfig) -> str | None:
         """The conversation an interrupted run of this step left, to continue on the same

@@ -161,6 +161,14 @@ def answer_outcome(session, question) -> str:
     from session_store import questions
     running = session.running_pid() is not None
     resume = f"when the session is resumed (ralph session resume {session.id})"
+    if question.kind == "approval":
+        if question.status is questions.QuestionStatus.TIMED_OUT:
+            return "the approval had timed out (its rule's default decided the call): " \
+                   "the answer changes nothing"
+        if running:
+            return "the tool call waiting for it is decided now"
+        return "it decides that tool call when the same unit of work makes it again " \
+               f"{resume}"
     if question.status is questions.QuestionStatus.TIMED_OUT:
         return "the question had timed out: the answer reaches the next prompt as guidance"
     if question.kind == "in_run":

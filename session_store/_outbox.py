@@ -33,7 +33,7 @@ OUTBOX = "outbox.jsonl"
 ENGINE_LOCK = "engine.lock"
 INBOX = "inbox"
 MAX_EVENT_BYTES = 1 << 20          # the default cap of one request (event_loop.max_event_bytes)
-KINDS = ("event", "ask", "ask.gone", "poll", "refusal")
+KINDS = ("event", "ask", "ask.gone", "poll", "refusal", "approve")
 _HEADER_BYTES = 4096
 _CHUNK = 1 << 20
 

@@ -25,6 +25,10 @@ crash makes the engine run a step again:
         database, $MATRIX_STORE_URL), emit `human.interact` with it
         and stop there; once one exists (asked, answered or timed out), play the rest of
         the step
+    approve: {tool_name, tool_input}
+        first hand this tool call to the real `ralph tools approve --cli claude`, as Claude
+        Code's PreToolUse hook does, and play the step only when it is allowed (exit 1
+        otherwise: the step's next run asks again)
     ask_in_run: {question, options, timeout}
         when no question with this text exists yet, ask it inside the run (the demo
         agent's `ask`: the engine asks, the run waits for the reply), then play the step;
@@ -122,6 +126,15 @@ def main() -> int:
         taken = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
                                 "--json"], capture_output=True, text=True)
         print(f"poll: exit {taken.returncode}\n{taken.stdout}{taken.stderr}", flush=True)
+    call = step.pop("approve", None)
+    if call:
+        hook = subprocess.run([sys.executable, "-m", "engine", "tools", "approve", "--cli",
+                               "claude"], input=json.dumps(call), capture_output=True,
+                              text=True)
+        said = json.loads(hook.stdout)["hookSpecificOutput"] if hook.stdout.strip() else {}
+        print(f"approve: {said}", flush=True)
+        if said.get("permissionDecision") != "allow":
+            return 1
     if step.get("await_stop") and any(dropped):
         time.sleep(60)
         return 9

@@ -353,7 +353,8 @@ def engine_inlet(ws: Path, sid: str):
     session = load(str(ws), sid)
     lease = acquire_lock(session.dir, sid)
     inlet = Inlet(session, max_bytes=1 << 20, on_ask=lambda *_: {"refused": "no desk here"},
-                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []})
+                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []},
+                  on_approve=lambda *_: {"refused": "no rules here"})
     inlet.start()
     return lease, inlet
 

@@ -1114,13 +1114,15 @@ OUTBOX_PAYLOADS = (JSONISH | st.integers(OUTBOX_CAP - 20, OUTBOX_CAP + 5000).map
                                           "a\ud800", "\udfff"]))   # the last two: half a character
 OUTBOX_REQUESTS = st.fixed_dictionaries(
     {"kind": st.sampled_from(["event", "event", "refusal", "poll", "ask", "ask.gone", "nope",
-                              ""]) | JSONISH},
+                              "approve", ""]) | JSONISH},
     optional={"run": st.sampled_from([OPEN_RUN, OPEN_RUN, OPEN_RUN, "0000-other",
                                       "0001-planner", "x" * 129]) | JSONISH,
               "id": st.sampled_from(["r1", "../x", "r" * 65]) | JSONISH,
               "topic": OUTBOX_TOPICS, "payload": OUTBOX_PAYLOADS,
               "role": st.sampled_from(["executor", "reviewer", "EXECUTOR"]) | JSONISH,
-              "command": JSONISH, "why": JSONISH, "source": st.sampled_from(["engine", "human"])}
+              "command": JSONISH, "why": JSONISH, "source": st.sampled_from(["engine", "human"]),
+              "tool": st.sampled_from(["Bash", "run_shell_command", "", "x" * 201]) | JSONISH,
+              "input": JSONISH, "cli": st.sampled_from(["claude", "codex", "gemini"]) | JSONISH}
 ).map(lambda r: {**r, "run": "0000-other"} if r["kind"] == "ask" and r.get("run") == OPEN_RUN
       else r)   # the run's own questions would wait for a human: not drawn
 
@@ -1166,7 +1168,7 @@ def _taken_as(raw: bytes, run: str):
     except (ValueError, RecursionError):   # UnicodeError included
         return refused()
     if not isinstance(request, dict) or request.get("kind") not in \
-            ("event", "ask", "ask.gone", "poll", "refusal"):
+            ("event", "ask", "ask.gone", "poll", "refusal", "approve"):
         return refused()
     if any(request.get(k) is not None and (not isinstance(request[k], str)
                                            or len(request[k]) > 128) for k in ("id", "run")):
@@ -1189,7 +1191,12 @@ def _taken_as(raw: bytes, run: str):
         return ("cli.refused", source)
     if kind == "poll" and request.get("role") not in (None, "executor"):
         return refused(claimed)
-    return None   # a poll answered in the inbox, a giving-up (asks of the run: not drawn)
+    if kind == "approve" and not (isinstance(request.get("id"), str) and isinstance(
+            request.get("tool"), str) and 0 < len(request["tool"]) <= 200):
+        return refused(claimed)
+    # a poll answered in the inbox, a tool call no rule names (passed), a giving-up (asks
+    # of the run: not drawn)
+    return None
 
 
 def _record_as(record: dict):
@@ -1277,7 +1284,8 @@ def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case)
     session = create(str(tmp_path), "o", now=now(), session_id="h1")
     lease = acquire_lock(session.dir, "h1")
     inlet = Inlet(session, max_bytes=OUTBOX_CAP, on_ask=lambda *_: {"refused": "no desk"},
-                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []})
+                  on_ask_gone=lambda rid: None, on_poll=lambda role: {"signals": []},
+                  on_approve=lambda *_: {"refused": "no rules"})
     inlet.start()
     try:
         inlet.open_run(RunInfo("0002-executor-t1", "executor", "t1"))

@@ -1,5 +1,6 @@
 """What agents call constantly (`ralph emit`, `tools interact progress`, `tools signals
-poll` with nothing waiting, `ralph mcp`'s start and its first call) stays as cheap to
+poll` with nothing waiting, `tools approve` as a CLI's hook, `ralph mcp`'s start and its
+first call) stays as cheap to
 start as the bare interpreter: none of it imports the typed store (attrs, cattrs), PyYAML
 or the machine (transitions). Each command runs as the real `ralph`, in a run a real
 engine holds open, and says at exit which of those it loaded."""
@@ -43,15 +44,19 @@ def test_agents_hot_paths_import_no_heavy_module(workspace):
     with held_run(session, "executor") as run:
         env = base_env(**{k: v for k, v in run.items() if k.startswith("RALPH_")})
 
-        def probe(*args):
+        def probe(*args, stdin=None):
             r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=workspace, env=env,
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=120, input=stdin)
             assert r.returncode == 0, (args, r.stdout, r.stderr)
             return r
 
         for args in (["emit", "hot.emit", "x"], ["tools", "interact", "progress", "half way"],
                      ["tools", "signals", "poll"]):
             assert loaded(probe(*args)) == [], args
+        # a CLI's pre-tool hook, before every tool call a rule may name: no rule, it passes
+        hook = probe("tools", "approve", "--cli", "claude",
+                     stdin='{"tool_name": "Bash", "tool_input": {"command": "ls"}}')
+        assert hook.stdout == "" and loaded(hook) == [], hook.stderr
         mcp = subprocess.Popen([sys.executable, "-c", PROBE, "mcp"], cwd=workspace, env=env,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)

@@ -171,9 +171,10 @@ def prepare(shared: Path, steps: list[dict], config: dict) -> Path:
     """The agent's scenario and the config, outside every workspace (copies share them)."""
     shared.mkdir(parents=True, exist_ok=True)
     scenario = write_scenario(shared, steps)
+    config = dict(config)
     return write_config(shared, {"agent": {
         "backend": "command", "command": [sys.executable, str(AGENT), str(scenario)],
-        "prompt_mode": "stdin", "timeout_seconds": 120}, **config})
+        "prompt_mode": "stdin", "timeout_seconds": 120, **config.pop("agent", {})}, **config})
 
 
 def start(ws: Path, config: Path, **env):
@@ -365,7 +366,12 @@ class Human(threading.Thread):
                 continue
             now = datetime.now(timezone.utc)
             try:
-                if q.text in (ANSWERED, IN_RUN):
+                if q.kind == "approval":
+                    try:
+                        self.plane.answer(q.id, "allow", now)
+                    except BadInput:
+                        pass
+                elif q.text in (ANSWERED, IN_RUN):
                     try:
                         self.plane.answer(q.id, ANSWER if q.text == ANSWERED else IN_RUN_ANSWER,
                                           now)
@@ -665,6 +671,44 @@ def question_pause(root, backend) -> Baseline:
     return base
 
 
+# a tool call a human approves (agent.approve): whatever the kill, the call goes on only
+# once allowed, each approval is decided once, and none is left open
+APPROVE_STEPS = [
+    {"role": "planner", "iteration": 1,
+     "emit": [{"topic": "plan.ready", "json": {"tasks": [_task("t1")]}}]},
+    {"role": "planner", "emit": [{"topic": "LOOP_COMPLETE", "payload": "nothing left"}]},
+    {"role": "executor", "task": "t1", "approve": {
+        "tool_name": "Bash", "tool_input": {"command": "git push origin matrix"}},
+     **_build("t1")},
+    {"role": "reviewer", "emit": [{"topic": "review.done", "payload": REVIEW_OK}]},
+]
+
+
+def check_approvals(ws: Path, plane: Plane) -> None:
+    asked = plane.questions()
+    assert asked and all(q.kind == "approval" for q in asked), asked
+    assert all(q.status is questions.QuestionStatus.ANSWERED for q in asked), asked
+    bus = plane.records()
+    decided = [r["payload"] for r in bus if r["topic"] == "approval.decided"]
+    assert sorted(d["id"] for d in decided) == sorted(q.id for q in asked), decided
+    assert {d["decision"] for d in decided} == {"allow"}, decided
+    recorded = [r["payload"]["id"] for r in bus if r["topic"] == "approval.asked"]
+    assert sorted(recorded) == sorted(q.id for q in asked), recorded
+
+
+APPROVE = Scenario("approve", APPROVE_STEPS,
+                   {"RObot": {"timeout_seconds": 20},
+                    "agent": {"approve": ["Bash(git push*)"]}}, (0,), check_approvals)
+
+
+@pytest.fixture(scope="module")
+def approve(root, backend) -> Baseline:
+    base = make_baseline(root, APPROVE, backend)
+    assert [t[1] for t in base.outcome["transitions"]] == [
+        "plan_ready", "batch_done", "next_iteration", "objective_met"]
+    return base
+
+
 # --- the matrix ---
 
 class Point(NamedTuple):
@@ -846,6 +890,19 @@ def _around_the_timeout(point: Point, base: Baseline) -> bool:
         return point.write.n >= asked
     resumed = next(w.n for w in writes if is_write_of(w, "event"))
     return point.write.n <= resumed
+
+
+def _around_the_approval(point: Point, base: Baseline) -> bool:
+    """From the approval's question on, until the executor's run is over."""
+    writes = base.writes[0]
+    asked = next(w.n for w in writes if is_write_of(w, "question"))
+    reported = next(w.n for w in writes if w.kind == "report")
+    return asked <= point.write.n <= reported
+
+
+@pytest.mark.slow
+def test_kill_around_an_approval(root, approve):
+    run_matrix(root, approve, at_least=5, select=_around_the_approval)
 
 
 @pytest.mark.slow

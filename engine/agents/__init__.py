@@ -13,12 +13,12 @@ import sys
 
 from ..config import AgentConfig, Backend
 from .. import containment
-from .presets import (PRESETS, Command, Demo, McpServer, Preset, RunReport, RunSetup,
+from .presets import (PRESETS, ApprovalHook, Command, Demo, McpServer, Preset, RunReport, RunSetup,
                       UsageLimit)
 from .process import CommandAgent, Invocation, Outcome
 
 __all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "RunSetup",
-           "Preset", "McpServer", "UsageLimit",
+           "Preset", "McpServer", "UsageLimit", "ApprovalHook",
            "PRESETS", "containment", "make_agent", "preflight", "installed_backend",
            "ralph_argv", "demo_argv"]
 

@@ -54,6 +54,26 @@ class McpServer:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalHook:
+    """`ralph tools approve` as a CLI's pre-tool hook for one run (agent.approve)."""
+    command: list[str]        # ralph's argv, without --cli
+    tools: tuple[str, ...]    # the tools the rules name, as globs (`mcp__*`)
+    wait_seconds: int         # how long a call may wait for its human, and a minute more
+    env: dict[str, str]       # the run's RALPH_* (for a CLI that gives its hooks little)
+
+    def shell(self, cli: str) -> str:
+        import shlex
+        return shlex.join([*self.command, "tools", "approve", "--cli", cli])
+
+    def matcher(self) -> str:
+        """The rules' tools as one regular expression (Claude Code's and Codex's
+        matchers)."""
+        import re
+        return "^(" + "|".join(".*".join(re.escape(p) for p in t.split("*"))
+                               for t in self.tools) + ")$"
+
+
+@dataclass(frozen=True, slots=True)
 class RunSetup:
     """What a preset may need to know of the run it prepares."""
     log_base: str                  # the run's logs: <log_base>.prompt.md, .stdout, .stderr
@@ -63,6 +83,7 @@ class RunSetup:
     conversation: str | None = None   # continue this conversation of the CLI (resumes)
     tree: str | None = None        # where the agent works when not the workspace (a lane's
                                    # worktree): the work area is then outside it
+    approve: ApprovalHook | None = None   # ask ralph before the tool calls the rules name
 
     @property
     def tool_wait_seconds(self) -> int:
@@ -86,6 +107,10 @@ class Preset:
 
     def env(self, setup: RunSetup) -> dict[str, str]:
         return {}
+
+    def unset(self, setup: RunSetup) -> tuple[str, ...]:
+        """Variables of the engine's environment the CLI must not see in this run."""
+        return ()
 
     def report(self, stdout: str) -> RunReport:
         return RunReport(text=stdout)

@@ -16,12 +16,13 @@ import re
 from datetime import timedelta
 
 from ..config import Backend, PromptMode
-from .preset import (ARG_LIMIT, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit,
+from .preset import (ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit,
                      as_dict, claude_words, conversation_id, count, input_tokens, json_document,
                      json_lines, limit_words, reported_usd, resume_args, write_private)
+from .approval_hooks import GEMINI_HOME, claude_settings, codex_hook, gemini_home
 from .resets import MAX_AHEAD, aware, clock, epoch
 
-__all__ = ["ARG_LIMIT", "McpServer", "Preset", "RunEnd", "RunReport", "RunSetup", "UsageLimit",
+__all__ = ["ARG_LIMIT", "ApprovalHook", "McpServer", "Preset", "RunEnd", "RunReport", "RunSetup", "UsageLimit",
            "reported_usd", "write_private", "PRESETS", "Command", "Demo", "Claude", "Codex",
            "Gemini"]
 
@@ -92,6 +93,8 @@ class Claude(Preset):
                 "env": setup.mcp.env}}}))
             argv[argv.index("Bash")] = "Bash mcp__ralph"
             argv += ["--mcp-config", config]
+        if setup.approve is not None:
+            argv += claude_settings(setup.approve)
         return argv
 
     def env(self, setup: RunSetup) -> dict[str, str]:
@@ -106,6 +109,10 @@ class Claude(Preset):
             # ralph's tools listed from the first turn, not deferred behind a tool search
             env["ENABLE_TOOL_SEARCH"] = "false"
         return env
+
+    def unset(self, setup: RunSetup) -> tuple[str, ...]:
+        # what --bare and --safe-mode set: either switches every hook off, the approvals' too
+        return ("CLAUDE_CODE_SIMPLE", "CLAUDE_CODE_SAFE_MODE") if setup.approve else ()
 
     def report(self, stdout: str) -> RunReport:
         """stream-json: the `result` line has the final text, the usage and the cost; a
@@ -205,6 +212,8 @@ class Codex(Preset):
                 wiring += ["-c", f"{server}{key}={value}"]
         if setup.tree is not None:   # its sandbox lets the tools write the work area too
             wiring += ["--add-dir", setup.work_dir]
+        if setup.approve is not None:
+            wiring += codex_hook(setup.approve)
         # `resume` takes exec's flags before it (it refuses --sandbox and --color after)
         return [self.program, *self.args, *wiring, *extra,
                 *resume_args("resume", setup), "-"]   # "-": the prompt on stdin
@@ -267,7 +276,16 @@ class Gemini(Preset):
                        r"(ms|s)\b")
 
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
+        if setup.approve is not None:
+            gemini_home(setup)
         return [self.program, *self.args, *resume_args("--resume", setup), *extra]
+
+    def env(self, setup: RunSetup) -> dict[str, str]:
+        if setup.approve is None:
+            return {}
+        # the workspace's .gemini/settings.json is never read (it could switch hooks off)
+        return {"GEMINI_CLI_HOME": setup.log_base + GEMINI_HOME,
+                "GEMINI_CLI_TRUST_WORKSPACE": "false"}
 
     def limit(self, end: RunEnd) -> UsageLimit | None:
         """A 429 it gave up on: exit 173 and, on stderr after its stack dumps, {"session_id",

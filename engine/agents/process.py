@@ -23,7 +23,7 @@ from session_store import open_beneath, read_nofollow
 
 from .. import containment, supervisor
 from ..config import PromptMode
-from .preset import ARG_LIMIT, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
+from .preset import ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
 @dataclass(slots=True)
@@ -40,6 +40,7 @@ class Invocation:
     conversation: str | None = None          # the CLI's conversation to continue (resumes)
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)   # the engine's clock
     in_worktree: bool = False    # cwd is a parallel batch's worktree, not the workspace
+    approve: ApprovalHook | None = None      # the CLI's pre-tool hook asks ralph (presets)
 
 
 @dataclass(slots=True)
@@ -72,7 +73,8 @@ class CommandAgent:
                          ask_timeout_seconds=inv.ask_timeout,
                          mcp=inv.mcp if self.preset.supports_mcp else None,
                          conversation=inv.conversation if self.preset.resumes else None,
-                         tree=inv.cwd if inv.in_worktree else None)
+                         tree=inv.cwd if inv.in_worktree else None,
+                         approve=inv.approve)
         argv = self.preset.argv(self.extra_args, setup)
         stdin_data = None
         mode = self.preset.prompt_mode
@@ -86,6 +88,8 @@ class CommandAgent:
         else:
             argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
         env = {**inv.env, **self.preset.env(setup)}
+        for name in self.preset.unset(setup):
+            env.pop(name, None)
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         # private (0600) and never through a link planted at these predictable names, or in

@@ -49,6 +49,12 @@ def cmd_signals_poll(args) -> int:
     return EXIT_OK
 
 
+def cmd_approve(args) -> int:
+    """For agents' CLIs (their pre-tool hook): what a human decides of the call on stdin."""
+    from ..tools.approve import main
+    return main(["--cli", args.cli])
+
+
 def cmd_mcp(args) -> int:
     """For agents: serve the session's tools over MCP (stdio) until the client leaves."""
     directory = _work_dir(args)

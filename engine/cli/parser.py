@@ -267,6 +267,12 @@ def _interact_progress(p) -> None:
     p.set_defaults(handler=agent_tools.cmd_interact_progress, one_shot=True)
 
 
+def _approve(p) -> None:
+    p.add_argument("--cli", required=True, choices=["claude", "codex", "gemini"],
+                   help="the CLI whose hook this is (its tool call's JSON and its answer)")
+    p.set_defaults(handler=agent_tools.cmd_approve)
+
+
 def _mcp(p) -> None:
     p.add_argument("--session", metavar="ID",
                    help="the session (default: $RALPH_SESSION_DIR inside an agent run, then "
@@ -317,6 +323,8 @@ COMMANDS: dict = {
             "ask": ("block until a human answers; print it", _interact_ask),
             "progress": ("tell the humans how it goes", _interact_progress),
         }),
+        "approve": ("a CLI's pre-tool hook (agent.approve): the tool call as JSON on stdin; "
+                    "a human allows or denies it", _approve),
     }),
     "mcp": ("for agents: the agent tools (emit, ask, progress, signals_poll, blocker, status) "
             "as an MCP server over stdio", _mcp),

@@ -32,6 +32,7 @@ def cmd_start(args) -> int:
     _apply_limit_flags(limits, args)
     _preflight(config)
     cfg.check_paths(config, workspace(args), config_path)
+    cfg.check_approvals_as_started(config, workspace(args), config_path)
     if config_path and not cfg.outside_allowed(workspace(args), config_path):
         changed = cfg.changed_agents(config, workspace(args))
         if changed:

@@ -88,12 +88,15 @@ class HumanDesk:
         who = f"the {c.role}" + (f" ({c.task})" if c.task else "") if c.role else "ralph"
         lines = [f"question {question.id} from {printable(who)}"
                  + ("; its agent waits for the answer:" if question.kind == "in_run" else
+                    "; its tool call waits for approval:" if question.kind == "approval" else
                     "; the session waits for the answer:"),
                  *[f"  > {line}" for line in question.text.splitlines()]]
         if question.options:
             lines.append("  options: " + "  ".join(f"{i}. {printable(o)}"
                                                   for i, o in enumerate(question.options, 1)))
-        if question.kind == "in_run":
+        if question.kind == "approval":
+            then = f"the call is {'allowed' if question.default == 'allow' else 'denied'}"
+        elif question.kind == "in_run":
             then = f"the agent gets the default: {printable(question.default)}" \
                 if question.default else "the agent goes on without an answer"
         else:
@@ -236,7 +239,8 @@ class HumanDesk:
                 question = self.session.questions.load(qid)
             except BadInput:
                 continue
-            if question.status in (Q.ANSWERED, Q.CANCELLED) or question.late_answer_delivered:
+            if question.status in (Q.ANSWERED, Q.CANCELLED) or question.late_answer_delivered \
+                    or question.kind == "approval":   # about one call: the approvals'
                 known[qid] = "settled"
             elif question.status is Q.TIMED_OUT:
                 known[qid] = "timed_out"
@@ -318,8 +322,8 @@ class HumanDesk:
         self.release_in_run_questions()
         m = self.tracker.metadata
         for question in self.session.questions.all():
-            if question.status is not Q.PENDING:
-                continue
+            if question.status is not Q.PENDING or question.kind == "approval":
+                continue   # (an approval holds no loop: the approvals keep it)
             if question.kind == "in_run":
                 self.session.once(record_key("human.question", question.id),
                                   "human.question", {

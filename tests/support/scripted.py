@@ -80,13 +80,15 @@ elif role == "reviewer":
 
 def script_agent(ws: Path, executor: str, config: dict | None = None) -> Path:
     """The agent (agent.py in `ws`) and a ralph.yml whose command backend runs it (plus
-    `config`); `executor` is Python source run by the executor first. Returns ralph.yml."""
+    `config`, whose `agent:` keys go over the command's); `executor` is Python source run by
+    the executor first. Returns ralph.yml."""
     code = textwrap.indent(textwrap.dedent(executor).strip() or "pass", "    ")
     agent = ws / "agent.py"
     agent.write_text(_AGENT.format(executor=code, evidence=EVIDENCE, review=REVIEW_OK))
+    config = dict(config or {})
     return write_config(ws, {"agent": {"backend": "command",
-                                       "command": [sys.executable, str(agent)]},
-                             **(config or {})})
+                                       "command": [sys.executable, str(agent)],
+                                       **config.pop("agent", {})}, **config})
 
 
 def recorded(ws: Path, name: str, sid: str, timeout: float = 60):

@@ -64,11 +64,17 @@ def question_text(q: questions.Question) -> Message:
     if q.default is not None:
         tail.append(f"Default: {printable(q.default)}")
     tail.append(f"Deadline: {q.deadline.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC "
-                f"(then: {q.on_timeout if q.kind == 'loop' else 'the agent goes on'})")
+                f"(then: {_then(q)})")
     tail.append("Reply to this message to answer it.")
     return Message.quoting("\n".join([f"Question {q.id} from session {c.session}",
                                       ", ".join(where), f"{asker} asks:"]),
                            clip(q.text, 3000), "\n".join(tail))
+
+
+def _then(q: questions.Question) -> str:
+    if q.kind == "approval":
+        return "the call is allowed" if q.default == "allow" else "the call is denied"
+    return q.on_timeout if q.kind == "loop" else "the agent goes on"
 
 
 def notice_text(sid: str, record: dict) -> Message | None:

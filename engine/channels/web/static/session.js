@@ -103,7 +103,9 @@ function questionCard(base, q) {
     }
   };
   el = h("article", { class: "question card", dataset: { question: q.id, shownAt: Date.now() } },
-    h("h2", {}, "A question for you", q.kind === "fallback" ? " (the agent needs guidance)" : ""),
+    h("h2", {}, "A question for you", q.kind === "fallback" ? " (the agent needs guidance)"
+      : q.kind === "approval" ? " (a tool call waits for your approval: allow, deny, or your reason to deny it)"
+      : ""),
     meta,
     h("pre", { class: "text" }, q.text),
     q.options.length ? h("div", { class: "options" }, q.options.map((o) =>
