@@ -52,11 +52,12 @@ def ratio(value: float, baseline: float, digits: int = 2) -> str:
     return f"{value / baseline:.{digits}f}"
 
 
-def timed_run(argv: list[str], env: dict, cwd: str, what: str) -> float:
+def timed_run(argv: list[str], env: dict, cwd: str, what: str,
+              stdin: bytes | None = None) -> float:
     """Wall seconds of one command run to its end; a failing one stops the bench."""
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
+                          stderr=subprocess.PIPE, input=stdin)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{what} bench: {' '.join(argv)} exited {proc.returncode}: "

@@ -37,12 +37,16 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
             "module": [py, "-m", "engine", "emit", "bench.tick", "from python -m engine"],
             "libs": [py, "-c", "import transitions, attrs, yaml"],
             "nosite": [py, "-S", "-c", "pass"],
+            # a CLI's pre-tool hook on a call no rule names: the engine's reply is `pass`
+            "hook": [ralph, "tools", "approve", "--cli", "claude"],
         }
+        call = b'{"tool_name": "Bash", "tool_input": {"command": "ls"}}'
         say(f"emit: {len(commands)} commands x {runs} runs (+{warmup} warm-up), interleaved")
         times: dict[str, list[float]] = {k: [] for k in commands}
         for i in range(warmup + runs):
             for key, argv in commands.items():
-                elapsed = timed_run(argv, env, workspace, "emit")
+                elapsed = timed_run(argv, env, workspace, "emit",
+                                    stdin=call if key == "hook" else None)
                 if i >= warmup:
                     times[key].append(elapsed)
         held.stop()   # its run closed: every line it sent is taken
@@ -64,6 +68,11 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
             ms(med["ralph"], 1), base_label, ratio(med["ralph"], med["base"]),
             note=f"+{ms(med['ralph'] - med['base'], 1)} over the interpreter; {runs} runs each, "
                  f"p90 {ms(_p90(times['ralph']), 1)}; {cached}"),
+        Row("2 emit cold start", "`ralph tools approve` (a CLI's hook; no rule: `pass`), median",
+            ms(med["hook"], 1), base_label, ratio(med["hook"], med["base"]),
+            note=f"+{ms(med['hook'] - med['base'], 1)} over the interpreter: a round trip "
+                 f"through the outbox to the engine and back, before each tool call a rule "
+                 f"could name"),
         Row("2 emit cold start", "`python -m engine emit`, median",
             ms(med["module"], 1), base_label, ratio(med["module"], med["base"]),
             note=f"+{ms(med['module'] - med['base'], 1)} over the interpreter"),

@@ -48,6 +48,10 @@ class Approval(enum.Enum):
     SKIP = "skip"
 
 
+# the agents whose CLI takes a pre-tool hook (agent.approve asks through it)
+HOOKED = (Backend.CLAUDE, Backend.CODEX, Backend.GEMINI)
+
+
 class ApprovalDefault(enum.Enum):
     DENY = "deny"
     ALLOW = "allow"
@@ -370,20 +374,24 @@ def check_telegram_as_started(config: Config, workspace: str, source: str | None
 
 def check_approvals_as_started(config: Config, workspace: str, source: str | None) -> None:
     """A config inside the workspace (which agents can rewrite) may not loosen the
-    approvals the newest session started with (drop a rule, make its default allow)."""
+    approvals the newest session started with: drop a rule, add or make one whose default
+    allows, or move a role to an agent with no hook to ask through."""
     started = _started_if_rewritable(workspace, source)
-    if started is None:
+    if started is None or not started[1].agent.approve:
         return
     sid, then = started
+    was = {r.rule: r.default for r in then.agent.approve}
     now = {r.rule: r.default for r in config.agent.approve}
-    for rule in then.agent.approve:
-        if rule.rule not in now or now[rule.rule] is ApprovalDefault.ALLOW and \
-                rule.default is ApprovalDefault.DENY:
-            raise BadInput(f"{source}: $.agent.approve: "
-                           f"{'drops' if rule.rule not in now else 'makes allow the default of'}"
-                           f" the rule {rule.rule!r} that "
-                           f"session {sid} started with, and agents can rewrite this file: "
-                           f"check it, or give a config outside the workspace with -c")
+    looser = [f"drops the rule {r!r}" for r in was if r not in now] + [
+        f"lets the rule {r!r} allow by default" for r, d in now.items()
+        if d is ApprovalDefault.ALLOW and was.get(r) is not ApprovalDefault.ALLOW] + [
+        f"gives the {role} an agent with no hook to ask through" for role in ROLES
+        if config.agent_for(role).backend not in HOOKED
+        and then.agent_for(role).backend in HOOKED]
+    if looser:
+        raise BadInput(f"{source}: $.agent.approve: {looser[0]}, unlike session {sid}, and "
+                       f"agents can rewrite this file: check it, or give a config outside "
+                       f"the workspace with -c")
 
 
 def changed_agents(config: Config, workspace: str) -> str | None:

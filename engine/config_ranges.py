@@ -11,6 +11,8 @@ from .config import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError,
 
 MAX_PARALLEL = 32   # agents of one batch at once
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits
+MAX_APPROVAL_SECONDS = 2_000_000   # ~23 days: a CLI's hook (Node) cannot wait past 2^31 ms
+HOOKS_OFF = {Backend.CLAUDE: ("--bare", "--safe-mode")}
 
 
 def range_errors(config: Config) -> list[str]:
@@ -101,7 +103,9 @@ def range_errors(config: Config) -> list[str]:
 
 
 def approval_errors(config: Config) -> list[str]:
-    """`agent.approve`: each rule in the CLIs' syntax, each timeout a finite wait."""
+    """`agent.approve`: each rule in the CLIs' syntax, each wait one a CLI's hook can last
+    (Node's timers overflow past 2^31 ms and fire at once: the call would run unasked),
+    and no agent flag that switches the hooks off."""
     from .tools.approve import Rule
     errors = []
     for i, rule in enumerate(config.agent.approve):
@@ -111,9 +115,23 @@ def approval_errors(config: Config) -> list[str]:
         except ValueError as e:
             errors.append(f"{where}.rule: {e}, got {shown(rule.rule)}")
         seconds = rule.timeout_seconds
-        if seconds is not None and not (0 < seconds <= MAX_SECONDS):   # NaN fails too
+        if seconds is None and not config.RObot.timeout_seconds <= MAX_APPROVAL_SECONDS:
+            errors.append(f"{where}.timeout_seconds: the RObot.timeout_seconds it takes "
+                          f"({shown(config.RObot.timeout_seconds)}) is past the "
+                          f"{MAX_APPROVAL_SECONDS} seconds a tool call can wait: give one")
+        elif seconds is not None and not (0 < seconds <= MAX_APPROVAL_SECONDS):  # NaN too
             errors.append(f"{where}.timeout_seconds: expected more than 0 and at most "
-                          f"{MAX_SECONDS:.0f} seconds, got {shown(seconds)}")
+                          f"{MAX_APPROVAL_SECONDS} seconds, got {shown(seconds)}")
+    for role in ROLES if config.agent.approve else ():
+        agent = config.agent_for(role)
+        off = [a for a in agent.command if a in HOOKS_OFF.get(agent.backend, ())
+               or agent.backend is Backend.CODEX and "hooks" in a]
+        if off:
+            where = "agent" if agent.command == config.agent.command else \
+                f"roles.{role}.agent"
+            errors.append(f"$.{where}.command: {shown(off[0])} would switch off the hook "
+                          f"agent.approve asks through")
+            break
     return errors
 
 

@@ -241,6 +241,8 @@ class Engine:
                     break
                 self.fire(WORK[self.current](self.work))
             WORK[self.current](self.work)  # PAUSED / COMPLETE: their closing work
+            if self.current is State.COMPLETE:   # (a paused session's stay answerable)
+                self.approvals.cancel_open()
             self.hooks.ended()
         finally:
             stop_bot()

@@ -9,6 +9,7 @@ import os
 import signal
 
 import pytest
+import yaml
 
 from engine.humans.approvals import decision_of
 from engine.tools.approve import Rule, tool_call
@@ -134,27 +135,68 @@ def test_a_hook_fails_closed(workspace):
 
 
 def test_rules_are_checked_and_a_workspace_config_cannot_loosen_them(workspace):
-    bad = write_config(workspace, {"agent": {"approve": ["Bash(", {"rule": "x",
-                                                                   "timeout_seconds": -1}]}})
+    bad = write_config(workspace, {"RObot": {"timeout_seconds": 3e6}, "agent": {
+        "backend": "claude", "command": ["--bare"],
+        "approve": ["Bash(", {"rule": "x", "timeout_seconds": -1}, "WebFetch"]}})
     checked = ralph(workspace, "validate", "-c", bad)
     assert checked.returncode == 2
-    assert "$.agent.approve[0].rule: expected a tool name" in checked.stderr
-    assert "$.agent.approve[1].timeout_seconds: expected more than 0" in checked.stderr
+    for line in (
+            "$.agent.approve[0].rule: expected a tool name with an optional pattern of its "
+            "call in parentheses, e.g. Bash(git push*), WebFetch, mcp__*, got 'Bash('",
+            "$.agent.approve[1].timeout_seconds: expected more than 0 and at most 2000000 "
+            "seconds, got -1",
+            # past ~24 days a CLI's hook (Node) would time out at once: the call run unasked
+            "$.agent.approve[2].timeout_seconds: the RObot.timeout_seconds it takes "
+            "(3000000.0) is past the 2000000 seconds a tool call can wait: give one",
+            "$.agent.command: '--bare' would switch off the hook agent.approve asks through"):
+        assert f"{bad}: {line}" in checked.stderr, checked.stderr
     config = script_agent(workspace, "", RULES)
     first = spawn(workspace, "session", "start", "one", "--id", "s1")
-    assert finish(first)[0] == 0
-    # an agent's rewrite of the workspace's ralph.yml that drops a rule is refused
-    write_config(workspace, {**json.loads(json.dumps(_config(config))),
-                             "agent": {**_config(config)["agent"], "approve": ["WebFetch"]}})
-    refused = ralph(workspace, "session", "start", "two", "--id", "s2")
-    assert refused.returncode == 2, refused
-    assert "$.agent.approve: drops the rule 'Bash(git push*)' that session s1 started with" \
-        in refused.stderr and refused.stderr.count("\n") == 1
+    code, _, err = finish(first)
+    assert code == 0 and "agent.approve: the planner, executor, reviewer, librarian run an " \
+        "agent with no pre-tool hook (command)" in err, err
+    # an agent's rewrites of the workspace's ralph.yml that loosen the rules are refused
+    doc = yaml.safe_load(config.read_text())
+    for rules, said in ((["WebFetch", "mcp__*"], "drops the rule 'Bash(git push*)'"),
+                        ([{"rule": "Bash", "default": "allow"}, *RULES["agent"]["approve"]],
+                         "lets the rule 'Bash' allow by default")):
+        write_config(workspace, {**doc, "agent": {**doc["agent"], "approve": rules}})
+        refused = ralph(workspace, "session", "start", "two", "--id", "s2")
+        assert refused.returncode == 2, refused
+        assert f"$.agent.approve: {said}, unlike session s1, and agents can rewrite this " \
+            f"file" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
 
 
-def _config(path) -> dict:
-    import yaml
-    return yaml.safe_load(path.read_text())
+def test_the_strictest_rule_decides_and_an_open_approval_ends_with_its_session(workspace):
+    """A rule that allows by default, put above one that denies, does not loosen it; a
+    call whose hook died leaves its question open until the session ends, which denies it
+    (it takes no answer then)."""
+    script_agent(workspace, (HOOK + '''
+record("push", approve("claude", "Bash", {"command": "git push"}))
+record("ls", approve("claude", "Bash", {"command": "ls"}))
+try:
+    approve("claude", "Bash", {"command": "sudo rm -rf build"})
+except subprocess.TimeoutExpired:   # its CLI gave up on the hook (and killed it)
+    record("gave-up", True)
+''').replace("timeout=120", "timeout=3"), {"agent": {"approve": [
+        {"rule": "Bash", "default": "allow", "timeout_seconds": 1},
+        {"rule": "Bash(git push*)", "timeout_seconds": 1},
+        {"rule": "Bash(rm -rf*)", "timeout_seconds": 600}]}})
+    engine = spawn(workspace, "session", "start", "strict", "--id", "s")
+    assert said(recorded(workspace, "push", "s"))["permissionDecision"] == "deny"
+    assert said(recorded(workspace, "ls", "s"))["permissionDecision"] == "allow"
+    assert recorded(workspace, "gave-up", "s") is True
+    code, out, err = finish(engine)
+    assert code == 0, out + err
+    sd = session_dir(workspace, "s")
+    last = approvals(sd)
+    assert sorted(q["status"] for q in last) == ["cancelled", "timed_out", "timed_out"]
+    decided = [e["payload"] for e in events(sd) if e["topic"] == "approval.decided"]
+    assert [(d["decision"], d["by"]) for d in decided] == [
+        ("deny", "timeout"), ("allow", "timeout"), ("deny", "session_end")], decided
+    late = ralph(workspace, "session", "answer", "s", "allow",
+                 "--question", next(q["id"] for q in last if q["status"] == "cancelled"))
+    assert late.returncode == 2 and "cancelled" in late.stderr, late
 
 
 @pytest.mark.parametrize("rule,tool,call,hit", [
@@ -162,6 +204,12 @@ def _config(path) -> dict:
     ("Bash(git push*)", "Bash", "cd x && GIT_DIR=y  git  push", True),
     ("Bash(git push*)", "Bash", "echo $(sudo git push)", True),
     ("Bash(git push*)", "Bash", "git status", False),
+    ("Bash(git push*)", "Bash", "if true; then sudo -u ci /usr/bin/git push; fi", True),
+    ("Bash(git push*)", "Bash", "bash -lc 'cd x && git push'", True),
+    ("Bash(git push*)", "Bash", 'FOO="a b" timeout -s KILL 5 git push', True),
+    ("Bash(git push *)", "Bash", "git push", True),
+    ("Bash(git push *)", "Bash", "git pushy", False),
+    ("Bash(*git*push*)", "Bash", "git " * 100_000, False),   # linear: no backtracking
     ("Bash(npm run test:*)", "Bash", "npm run test", True),
     ("Bash(npm run test:*)", "Bash", "npm run test -- -k x", True),
     ("Bash(npm run test:*)", "Bash", "npm run testing", False),
@@ -173,17 +221,30 @@ def test_rule_syntax(rule, tool, call, hit):
     assert Rule(rule).matches(tool, call) is hit
 
 
+def test_a_call_cut_short_matches_any_pattern_of_its_tool():
+    """The hook sends at most 64 KiB of a call: what was cut could be what a rule names."""
+    assert Rule("Bash(git push*)").matches("Bash", "echo x", cut=True)
+    assert not Rule("Bash(git push*)").matches("WebFetch", "x", cut=True)
+
+
 def test_each_clis_tools_in_the_rules_words():
     assert tool_call("gemini", "run_shell_command", {"command": "ls"}) == ("Bash", "ls")
-    assert tool_call("codex", "shell", {"command": ["bash", "-lc", "git push"]}) == \
-        ("Bash", "git push")
+    # codex says `Bash` for its shell; its file edits are patches: the files they touch
+    assert tool_call("codex", "apply_patch", {"command": "*** Begin Patch\n*** Update File: "
+                     "/etc/hosts\n@@\n*** Add File: a.txt\n*** End Patch"}) == \
+        ("Edit", "/etc/hosts\na.txt")
+    assert Rule("Edit(/etc/*)").matches("Edit", "/etc/hosts\na.txt")
+    # gemini's web_fetch has a prompt with its URLs in it
+    assert tool_call("gemini", "web_fetch", {"prompt": "sum up https://evil.test/x"}) == \
+        ("WebFetch", "https://evil.test/x")
     assert tool_call("claude", "Write", {"file_path": "/etc/x", "content": "y"}) == \
         ("Write", "/etc/x")
 
 
 @pytest.mark.parametrize("text,decision", [
     ("allow", (True, None)), (" Yes ", (True, None)), ("deny", (False, None)),
-    ("deny: not on main", (False, "not on main")), ("no - too risky", (False, "too risky")),
-    ("nothing like that", (False, "nothing like that")), ("alow", (False, "alow"))])
+    ("deny: not on main", (False, "not on main")), ("deny - too risky", (False, "too risky")),
+    ("nothing like that", (False, "nothing like that")), ("alow", (False, "alow")),
+    ("OK.", (True, None)), ("no problem", (False, "no problem"))])
 def test_an_answer_as_a_decision(text, decision):
     assert decision_of(text) == decision

@@ -1122,7 +1122,8 @@ OUTBOX_REQUESTS = st.fixed_dictionaries(
               "role": st.sampled_from(["executor", "reviewer", "EXECUTOR"]) | JSONISH,
               "command": JSONISH, "why": JSONISH, "source": st.sampled_from(["engine", "human"]),
               "tool": st.sampled_from(["Bash", "run_shell_command", "", "x" * 201]) | JSONISH,
-              "input": JSONISH, "cli": st.sampled_from(["claude", "codex", "gemini"]) | JSONISH}
+              "call": st.sampled_from(["git push", ""]) | JSONISH,
+              "cut": st.booleans() | JSONISH}
 ).map(lambda r: {**r, "run": "0000-other"} if r["kind"] == "ask" and r.get("run") == OPEN_RUN
       else r)   # the run's own questions would wait for a human: not drawn
 
@@ -1191,8 +1192,10 @@ def _taken_as(raw: bytes, run: str):
         return ("cli.refused", source)
     if kind == "poll" and request.get("role") not in (None, "executor"):
         return refused(claimed)
-    if kind == "approve" and not (isinstance(request.get("id"), str) and isinstance(
-            request.get("tool"), str) and 0 < len(request["tool"]) <= 200):
+    if kind == "approve" and not (
+            isinstance(request.get("id"), str) and isinstance(request.get("tool"), str)
+            and 0 < len(request["tool"]) <= 200 and isinstance(request.get("call"), str)
+            and isinstance(request.get("cut"), bool)):
         return refused(claimed)
     # a poll answered in the inbox, a tool call no rule names (passed), a giving-up (asks
     # of the run: not drawn)

@@ -212,10 +212,10 @@ class Codex(Preset):
                 wiring += ["-c", f"{server}{key}={value}"]
         if setup.tree is not None:   # its sandbox lets the tools write the work area too
             wiring += ["--add-dir", setup.work_dir]
-        if setup.approve is not None:
-            wiring += codex_hook(setup.approve)
+        # after the user's flags, whose `-c` would override it
+        hook = codex_hook(setup.approve) if setup.approve is not None else []
         # `resume` takes exec's flags before it (it refuses --sandbox and --color after)
-        return [self.program, *self.args, *wiring, *extra,
+        return [self.program, *self.args, *wiring, *extra, *hook,
                 *resume_args("resume", setup), "-"]   # "-": the prompt on stdin
 
     def env(self, setup: RunSetup) -> dict[str, str]:

@@ -15,6 +15,8 @@ def cmd_start(args) -> int:
     config_path = config_file(args)
     # every error, one a line, as `validate` (RObot.enabled needs a token and a chat)
     config = cfg.load(config_path, all_errors=True, channels=channel_errors)
+    # the file's own rules and agents (--agent is the human's, from the command line)
+    cfg.check_approvals_as_started(config, workspace(args), config_path)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -32,11 +34,16 @@ def cmd_start(args) -> int:
     _apply_limit_flags(limits, args)
     _preflight(config)
     cfg.check_paths(config, workspace(args), config_path)
-    cfg.check_approvals_as_started(config, workspace(args), config_path)
     if config_path and not cfg.outside_allowed(workspace(args), config_path):
         changed = cfg.changed_agents(config, workspace(args))
         if changed:
             print(f"ralph: note: {changed}", file=sys.stderr, flush=True)
+    unasked = [r for r in cfg.ROLES if config.agent.approve and config.role_enabled(r)
+               and config.agent_for(r).backend not in cfg.HOOKED]
+    if unasked:
+        print(f"ralph: note: agent.approve: the {', '.join(unasked)} run an agent with no "
+              f"pre-tool hook ({config.agent_for(unasked[0]).backend.value}): their tool "
+              f"calls are not asked about", file=sys.stderr, flush=True)
     notice = _demo_mode(config, config_path)
     from ..clock import SystemClock
     now = SystemClock().now()

@@ -22,7 +22,8 @@ from typing import Callable
 
 from session_store import BadInput, questions
 
-from ..tools.approve import Rule, tool_call
+from ..config import ApprovalDefault
+from ..tools.approve import MAX_CALL, Rule
 from .run_questions import record_key
 
 Q = questions.QuestionStatus
@@ -30,22 +31,21 @@ OPTIONS = ["allow", "deny"]
 ALLOW_WORDS = {"allow", "allowed", "approve", "approved", "yes", "y", "ok"}
 SHOWN = 2000        # characters of a call a question and its records show
 MAX_TOOL = 200
+OWN_TOOLS = "mcp__ralph__"   # ralph's own MCP tools (emit, ask, ...): never asked about
 
 
 def decision_of(text: str) -> tuple[bool, str | None]:
     """An answer as a decision: (allowed, the reason for the agent). `allow` (yes, ok)
     allows; `deny` (no) denies; anything else denies with those words ("deny: not on
-    main" keeps "not on main")."""
+    main" keeps "not on main"; "no problem" denies, with those words)."""
     said = " ".join(text.split())
-    folded = said.casefold()
+    folded = said.casefold().rstrip(".!")
     if folded in ALLOW_WORDS:
         return True, None
     if folded in ("deny", "denied", "no", "n"):
         return False, None
-    for word in ("deny", "no"):
-        if folded.startswith(word) and not folded[len(word):len(word) + 1].isalnum():
-            said = said[len(word):].lstrip(" :,;-–—")
-            break
+    if folded.startswith("deny") and not folded[4:5].isalnum():
+        said = said[4:].lstrip(" :,;-–—")
     return False, said or None
 
 
@@ -62,7 +62,7 @@ class Approvals:
         self._wakeup = wakeup
         self._waiting: dict[str, list[tuple[str, str]]] = {}  # question -> [(request, run)]
         self._open: set[str] = set()        # approval questions still pending
-        self._timers: list[threading.Timer] = []
+        self._timers: dict[str, threading.Timer] = {}   # question -> its deadline's wakeup
 
     def recover(self) -> None:
         """Open approvals of an engine before (its hooks died with it), answered meanwhile
@@ -70,7 +70,7 @@ class Approvals:
         for question in self.session.questions.all():
             if question.kind == "approval" and question.status is Q.PENDING:
                 self._open.add(question.id)
-                self._wake_at(question.deadline)
+                self._wake_at(question)
                 # the question is the commit point of asking, its record comes after: an
                 # engine killed in between left it without one, written now, once
                 self.session.once(record_key("approval.asked", question.id),
@@ -83,19 +83,25 @@ class Approvals:
     def request(self, request: dict, run, via: list) -> dict | None:
         """A hook's request: replied now (`pass`, or an answer given while nobody waited),
         or asked; {"refused": why} for a request that is not a tool call."""
-        name, tool_input = request.get("tool"), request.get("input")
+        tool, call, cut = request.get("tool"), request.get("call"), request.get("cut")
         if not isinstance(request.get("id"), str):
             return {"refused": "$.id: expected the request's id"}
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_TOOL:
+        if not isinstance(tool, str) or not 0 < len(tool) <= MAX_TOOL:
             return {"refused": f"tool: expected a tool's name of 1 to {MAX_TOOL} characters"}
-        tool, call = tool_call(str(request.get("cli")), name, tool_input)
-        found = next((spec for rule, spec in self.rules if rule.matches(tool, call)), None)
+        if not isinstance(call, str) or len(call) > MAX_CALL or not isinstance(cut, bool):
+            return {"refused": f"call: expected the call's text, at most {MAX_CALL} "
+                               f"characters, and whether it was cut"}
+        found = [spec for rule, spec in self.rules if rule.matches(tool, call, cut)]
+        # the strictest rule that names it decides: one whose default denies, if any (a
+        # rule added above another cannot loosen it)
+        found = next((s for s in found if s.default is not ApprovalDefault.ALLOW),
+                     found[0] if found else None)
         rid = str(request["id"])
-        if found is None:
+        if found is None or tool.startswith(OWN_TOOLS):
             self._reply(rid, {"decision": "pass"})
             return None
         text = (f"Approve this tool call? {tool}: {call[:SHOWN]}"
-                + (f" [{len(call)} characters, cut]" if len(call) > SHOWN else "")
+                + (" [cut]" if cut or len(call) > SHOWN else "")
                 + f"\n(rule {found.rule}; answer allow, deny, or your reason to deny it, "
                   f"which the agent is shown)")
         question = self._open_same(text, run)
@@ -136,12 +142,12 @@ class Approvals:
     def _reuse(self, question: questions.Question, rid: str, run) -> None:
         answer = self.session.questions.read_answer(question.id)
         allowed, reason = _decision(question, answer)
+        question.late_answer_delivered = True   # its answer decides this call, and no other
+        self.session.questions.save(question)
         self.session.once(record_key("approval.reused", question.id), "approval.reused", {
             "id": question.id, "decision": "allow" if allowed else "deny"},
             source=run.role, run=run.id)
         self._reply(rid, _reply(allowed, reason))
-        question.late_answer_delivered = True   # its answer decided a later call: once
-        self.session.questions.save(question)
         return None
 
     def _ask(self, text, tool, call, rule, run, via) -> questions.Question:
@@ -159,16 +165,22 @@ class Approvals:
             "default": rule.default.value, "deadline": question.deadline.isoformat()},
             source=run.role, run=run.id, via=via)
         self._open.add(question.id)
-        self._wake_at(question.deadline)
+        self._wake_at(question)
         self._announce(question)
         return question
 
-    def _wake_at(self, deadline) -> None:
-        seconds = max(0.0, (deadline - self.clock.now()).total_seconds())
+    def _wake_at(self, question: questions.Question) -> None:
+        seconds = max(0.0, (question.deadline - self.clock.now()).total_seconds())
         timer = threading.Timer(seconds, self._wakeup.set)
         timer.daemon = True
         timer.start()
-        self._timers.append(timer)
+        self._timers[question.id] = timer
+
+    def _close(self, qid: str) -> None:
+        self._open.discard(qid)
+        timer = self._timers.pop(qid, None)
+        if timer is not None:
+            timer.cancel()
 
     def serve(self) -> None:
         """Answers and passed deadlines of open approvals: recorded, replied to whoever
@@ -179,7 +191,7 @@ class Approvals:
                 question = asked.load(qid)
                 answer = asked.read_answer(qid)
             except BadInput:
-                self._open.discard(qid)
+                self._close(qid)
                 continue
             now = self.clock.now()
             if answer is None and question.status is Q.PENDING and now < question.deadline:
@@ -187,19 +199,37 @@ class Approvals:
             allowed, reason = _decision(question, answer)
             by = {"by": "human", "channel": answer.channel} if answer else {"by": "timeout"}
             waiters = self._waiting.pop(qid, [])
-            # recorded and replied before it is resolved (its commit point): a crash in
-            # between leaves it open, and the next engine records nothing twice
+            # recorded, then resolved (its commit point: a crash before it leaves it open,
+            # and the next engine records nothing twice), then replied: a crash before the
+            # reply loses it with the run, and the call, made again, is asked again
             self.session.once(record_key("approval.decided", qid), "approval.decided", {
                 "id": qid, "decision": "allow" if allowed else "deny", **by,
                 **({"reason": reason} if reason else {}),
                 **({} if waiters else {"asker_gone": True})})
-            for rid, _ in waiters:
-                self._reply(rid, _reply(allowed, reason))
             if waiters and answer is not None:
                 question.late_answer_delivered = True   # used: no later call takes it
             if question.status is Q.PENDING:
                 asked.resolve(question, Q.ANSWERED if answer else Q.TIMED_OUT, now)
-            self._open.discard(qid)
+            elif question.late_answer_delivered:
+                asked.save(question)
+            for rid, _ in waiters:
+                self._reply(rid, _reply(allowed, reason))
+            self._close(qid)
+
+    def cancel_open(self) -> None:
+        """The session is over: no call waits for its open approvals any more (each is
+        recorded as denied by the session's end, and takes no answer)."""
+        for qid in sorted(self._open):
+            try:
+                question = self.session.questions.load(qid)
+            except BadInput:
+                self._close(qid)
+                continue
+            self.session.once(record_key("approval.decided", qid), "approval.decided", {
+                "id": qid, "decision": "deny", "by": "session_end"})
+            if question.status is Q.PENDING:
+                self.session.questions.resolve(question, Q.CANCELLED, self.clock.now())
+            self._close(qid)
 
     def end_run(self, run_id: str) -> None:
         """The run is over: its hooks wait no more (their questions stay open)."""
@@ -210,9 +240,6 @@ class Approvals:
             else:
                 del self._waiting[qid]
 
-    def stop(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
 
 
 def _decision(question: questions.Question, answer) -> tuple[bool, str | None]:

@@ -14,20 +14,20 @@ hook runs before every matching tool call.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
 
 # A rule is a tool name (`*` matches any run of characters: `mcp__*`) with an optional
 # pattern of its call in parentheses, as Claude Code writes permission rules:
-# `Bash(git push*)`, `Bash(npm run test:*)` (`:*` at the end: the words, then anything),
-# `WebFetch(https://*.example.com/*)`, `Write(/etc/*)`.
+# `Bash(git push*)`, `Bash(npm run test:*)` and `Bash(git push *)` (these words, then
+# anything or nothing), `WebFetch(https://*.example.com/*)`, `Write(/etc/*)`.
 RULE = re.compile(r"(?P<tool>[A-Za-z0-9_.*-]{1,200})(?:\((?P<pattern>.+)\))?", re.S)
 MAX_RULE = 1000
 # each CLI's names for the tools a rule names in Claude Code's words
 TOOL_NAMES = {
-    "codex": {"shell": "Bash", "exec_command": "Bash", "local_shell": "Bash",
-              "apply_patch": "Edit"},
+    "codex": {"apply_patch": "Edit"},   # (its shell is `Bash` already)
     "gemini": {"run_shell_command": "Bash", "web_fetch": "WebFetch",
                "google_web_search": "WebSearch", "write_file": "Write", "replace": "Edit",
                "read_file": "Read"},
@@ -36,11 +36,48 @@ TOOL_NAMES = {
 SUBJECT = {"Bash": "command", "WebFetch": "url", "WebSearch": "query", "Read": "file_path",
            "Edit": "file_path", "Write": "file_path", "NotebookEdit": "notebook_path"}
 # a shell command's parts, each matched on its own: `cd x && git push` pushes
-_PARTS = re.compile(r"&&|\|\||[;|&\n`]|\$\(|[()]")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S*\s+")
-_WRAPPERS = ("sudo ", "env ", "nohup ", "time ", "command ", "exec ", "nice ", "builtin ")
+_PARTS = re.compile(r"&&|\|\||[;|&\n`]|\$\(|[(){}]")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_KEYWORDS = {"if", "then", "else", "elif", "do", "while", "until", "!", "time", "exec",
+             "builtin", "command", "nohup", "eval"}
+# wrappers whose options go before the command they run (`sudo -u x git push`)
+_WRAPPERS = {"sudo", "env", "nice", "timeout", "xargs", "doas", "stdbuf", "ionice"}
+# their options that take the next word as a value (`sudo -u root`, `nice -n 5`)
+_VALUED = {"-u", "-g", "-n", "-s", "-k", "-C", "-D", "-p", "-U", "-h", "-r", "-t", "-I",
+           "-L", "-P", "-S", "-c", "-E"}
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
+_URL = re.compile(r"https?://[^\s\"'<>]+")
+_PATCHED = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
+MAX_CALL = 64 * 1024   # of a call, what is matched (and sent): past it, "cut"
 MAX_INPUT = 1 << 20
 CLIS = ("claude", "codex", "gemini")
+
+
+class Glob:
+    """A pattern where `*` matches any run of characters, matched in linear time (a
+    regular expression of many `*` backtracks for minutes on a long command)."""
+
+    def __init__(self, text: str, prefix: bool = False):
+        self.chunks = text.split("*")
+        self.prefix = prefix   # these words, then nothing or a space and anything
+
+    def match(self, text: str) -> bool:
+        if self.prefix:
+            words = self.chunks[0]
+            return text == words or text.startswith(words) and text[len(words)].isspace()
+        first, *middle, last = self.chunks if len(self.chunks) > 1 else (self.chunks[0], "")
+        if len(self.chunks) == 1:
+            return text == first
+        if not text.startswith(first) or len(text) < len(first) + len(last) \
+                or not text.endswith(last):
+            return False
+        at, end = len(first), len(text) - len(last)
+        for chunk in middle:
+            found = text.find(chunk, at, end)
+            if found == -1:
+                return False
+            at = found + len(chunk)
+        return True
 
 
 class Rule:
@@ -54,63 +91,76 @@ class Rule:
                              "parentheses, e.g. Bash(git push*), WebFetch, mcp__*")
         self.text = text
         self.tool_text = found["tool"]
-        self.tool = _glob(self.tool_text)
+        self.tool = Glob(self.tool_text)
         pattern = found["pattern"]
         if pattern is None:
             self.call = None
-        elif pattern.endswith(":*"):   # Claude Code's prefix rule: these words, then any
-            self.call = re.compile(re.escape(pattern[:-2]) + r"(?:\s.*)?", re.S)
+        elif pattern.endswith((":*", " *")) and "*" not in pattern[:-2]:
+            self.call = Glob(pattern[:-2], prefix=True)   # Claude Code's prefix rules
         else:
-            self.call = _glob(pattern)
+            self.call = Glob(pattern)
 
-    def matches(self, tool: str, call: str) -> bool:
-        if not self.tool.fullmatch(tool):
+    def matches(self, tool: str, call: str, cut: bool = False) -> bool:
+        """Whether the rule names this call. A call cut short (past MAX_CALL) matches any
+        pattern of its tool: what was cut could be what the pattern names."""
+        if not self.tool.match(tool):
             return False
-        if self.call is None:
+        if self.call is None or cut:
             return True
-        if tool == "Bash":
-            return any(self.call.fullmatch(part) for part in shell_parts(call))
-        return bool(self.call.fullmatch(call))
+        parts = shell_parts(call) if tool == "Bash" else [call, *call.splitlines()]
+        return any(self.call.match(part) for part in parts)
 
 
-def _glob(text: str) -> re.Pattern:
-    return re.compile(".*".join(re.escape(p) for p in text.split("*")), re.S)
-
-
-def shell_parts(command: str) -> list[str]:
-    """The whole command and each simple command in it, without the variable assignments
-    and wrappers (`sudo`, `env`, ...) before it, spaces collapsed."""
+def shell_parts(command: str, depth: int = 0) -> list[str]:
+    """The whole command and each simple command in it, as its words say it: without the
+    keywords, variable assignments and wrappers (`sudo -u x`, `env -i`, `timeout 5`)
+    before it, the program by its name (`/usr/bin/git` is `git`), spaces collapsed;
+    `bash -c '...'` and `eval '...'` looked into."""
+    import shlex
     parts = [command]
-    for part in _PARTS.split(command):
-        part = " ".join(part.split())
-        while True:
-            bare = _ASSIGNMENT.sub("", part, count=1) if _ASSIGNMENT.match(part) else part
-            for wrapper in _WRAPPERS:
-                if bare.startswith(wrapper):
-                    bare = bare[len(wrapper):].lstrip()
-            if bare == part:
-                break
-            part = bare
-        if part:
-            parts.append(part)
+    for part in _PARTS.split(command.replace("\\\n", " ")):
+        try:
+            words = shlex.split(part, comments=False)
+        except ValueError:   # an unclosed quote: its words as written
+            words = part.split()
+        while words and (words[0] in _KEYWORDS or _ASSIGNMENT.match(words[0])):
+            words = words[1:]
+        while words and os.path.basename(words[0]) in _WRAPPERS:
+            words = words[1:]
+            while words and (words[0].startswith("-") or _ASSIGNMENT.match(words[0])
+                             or words[0].replace(".", "").isdigit()):
+                words = words[2:] if words[0] in _VALUED and len(words) > 1 else words[1:]
+        if not words:
+            continue
+        words[0] = os.path.basename(words[0])
+        parts.append(" ".join(words))
+        script = words[words.index("-c") + 1] if words[0] in _SHELLS and "-c" in words[:-1] \
+            else " ".join(words[1:]) if words[0] == "eval" else None
+        if script and depth < 3:
+            parts += shell_parts(script, depth + 1)
     return parts
 
 
 def tool_call(cli: str, name, tool_input) -> tuple[str, str]:
     """A CLI's tool call in the rules' words: (the tool's name, what its pattern is matched
-    against: the command, the URL, the file, else the input as JSON)."""
+    against: the command, the URL(s), the file(s), else the input as JSON)."""
     name = str(name)
     tool = TOOL_NAMES.get(cli, {}).get(name, name)
     if not isinstance(tool_input, dict):
         return tool, json.dumps(tool_input, ensure_ascii=False, sort_keys=True)
+    if name == "apply_patch":   # codex: the files its patch touches, a line each
+        patch = tool_input.get("command") or tool_input.get("input")
+        if isinstance(patch, str):
+            return tool, "\n".join(_PATCHED.findall(patch))
+    if name == "web_fetch" and isinstance(tool_input.get("prompt"), str):   # gemini
+        return tool, "\n".join(_URL.findall(tool_input["prompt"]))
     field = SUBJECT.get(tool)
     value = tool_input.get(field) if field else None
     if field == "file_path" and value is None:
         value = tool_input.get("absolute_path") or tool_input.get("path")
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        import shlex   # codex's shell gives argv: bash -lc "..." is matched as its script
-        value = value[-1] if len(value) == 3 and value[1] in ("-c", "-lc") else \
-            shlex.join(value)
+        import shlex   # an argv: matched as the command line it is
+        value = shlex.join(value)
     if isinstance(value, str):
         return tool, value
     return tool, json.dumps(tool_input, ensure_ascii=False, sort_keys=True)
@@ -155,8 +205,9 @@ def main(argv: list[str]) -> int:
             return _deny(cli, "ralph: the hook was given no tool call to approve")
         from .client import request
         from .emit import session_dir
+        tool, subject = tool_call(cli, call["tool_name"], call.get("tool_input"))
         reply = request(session_dir(None), "approve", {
-            "cli": cli, "tool": call["tool_name"], "input": call.get("tool_input")})
+            "tool": tool[:200], "call": subject[:MAX_CALL], "cut": len(subject) > MAX_CALL})
     except KeyboardInterrupt:
         return _deny(cli, "ralph: the wait for approval was cut short: the call is denied")
     except Exception as e:   # a hook that fails lets its CLI run the call: never fail open
