@@ -15,26 +15,11 @@ from engine.humans.approvals import decision_of
 from engine.tools.approve import Rule, tool_call
 from support import (events, finish, question_files, ralph, session_dir, spawn, wait_for,
                      write_config)
-from support.scripted import recorded, script_agent
+from support.scripted import HOOK, recorded, said, script_agent
 
-HOOK = '''
-def approve(cli, tool_name, tool_input):
-    """`ralph tools approve` as the CLI runs it: the call on stdin, the decision out."""
-    r = subprocess.run([sys.executable, "-m", "engine", "tools", "approve", "--cli", cli],
-                       input=json.dumps({"hook_event_name": "PreToolUse", "tool_name": tool_name,
-                                         "tool_input": tool_input}),
-                       capture_output=True, text=True, timeout=120)
-    return {"code": r.returncode, "out": r.stdout, "err": r.stderr}
-'''
 RULES = {"agent": {"approve": ["Bash(git push*)",
                                {"rule": "WebFetch", "timeout_seconds": 1, "default": "allow"},
                                {"rule": "mcp__*", "timeout_seconds": 1}]}}
-
-
-def said(result: dict) -> dict:
-    """Claude Code's reading of the hook's stdout: its permission decision."""
-    assert result["code"] == 0, result
-    return json.loads(result["out"])["hookSpecificOutput"] if result["out"].strip() else {}
 
 
 def approvals(sd) -> list[dict]:
@@ -157,13 +142,13 @@ def test_rules_are_checked_and_a_workspace_config_cannot_loosen_them(workspace):
         "agent with no pre-tool hook (command)" in err, err
     # an agent's rewrites of the workspace's ralph.yml that loosen the rules are refused
     doc = yaml.safe_load(config.read_text())
-    for rules, said in ((["WebFetch", "mcp__*"], "drops the rule 'Bash(git push*)'"),
-                        ([{"rule": "Bash", "default": "allow"}, *RULES["agent"]["approve"]],
-                         "lets the rule 'Bash' allow by default")):
+    for rules, why in ((["WebFetch", "mcp__*"], "drops the rule 'Bash(git push*)'"),
+                       ([{"rule": "Bash", "default": "allow"}, *RULES["agent"]["approve"]],
+                        "lets the rule 'Bash' allow by default")):
         write_config(workspace, {**doc, "agent": {**doc["agent"], "approve": rules}})
         refused = ralph(workspace, "session", "start", "two", "--id", "s2")
         assert refused.returncode == 2, refused
-        assert f"$.agent.approve: {said}, unlike session s1, and agents can rewrite this " \
+        assert f"$.agent.approve: {why}, unlike session s1, and agents can rewrite this " \
             f"file" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
 
 

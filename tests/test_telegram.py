@@ -392,3 +392,29 @@ def test_a_rejected_token_is_never_printed(workspace):
     assert "getMe failed" in err and "InvalidToken" in err and "<token>" in err
     assert other.wrong_tokens >= 2
     assert_no_token(workspace, out, err)
+
+
+def test_an_approval_goes_out_and_a_reply_decides_the_tool_call(workspace, fake):
+    """`agent.approve`: the question of a tool call reaches the chat with its call, its
+    options and what its deadline does; a reply with a reason denies it, and the hook of
+    the agent's CLI gets the reason."""
+    from support.scripted import HOOK, recorded, said, script_agent
+    script_agent(workspace, HOOK + '''
+record("push", approve("claude", "Bash", {"command": "git push --force"}))
+''', {"agent": {"approve": ["Bash(git push*)"]}, "RObot": robot()})
+    proc = spawn(workspace, "session", "start", "approve over telegram", "--id", "a",
+                 env=tg_env(fake))
+    question = fake.wait_text("Approve this tool call? Bash: git push --force")
+    assert "Options: allow | deny" in question["text"], question["text"]
+    assert "then: the call is denied" in question["text"], question["text"]
+    fake.push(CHAT, "deny: open a pull request", reply_to=question)
+    assert said(recorded(workspace, "push", "a")) == {
+        "hookEventName": "PreToolUse", "permissionDecision": "deny",
+        "permissionDecisionReason": "Denied by a human (telegram): open a pull request"}
+    code, out, err = finish(proc)
+    assert code == 0, out + err
+    decided = [e["payload"] for e in events(session_dir(workspace, "a"))
+               if e["topic"] == "approval.decided"]
+    assert [(d["decision"], d["by"], d["channel"]) for d in decided] == [
+        ("deny", "human", "telegram")]
+    assert_no_token(workspace, out, err)

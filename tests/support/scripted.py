@@ -107,3 +107,22 @@ def held(ws: Path, name: str, sid: str, timeout: float = 60):
         yield
     finally:
         (ws / f"{name}.{sid}.go").touch()
+
+
+# `approve(cli, tool_name, tool_input)` for an executor's code: the real `ralph tools
+# approve` as an agent's CLI runs its pre-tool hook (the call on stdin, the decision out)
+HOOK = '''
+def approve(cli, tool_name, tool_input):
+    """`ralph tools approve` as the CLI runs it: the call on stdin, the decision out."""
+    r = subprocess.run([sys.executable, "-m", "engine", "tools", "approve", "--cli", cli],
+                       input=json.dumps({"hook_event_name": "PreToolUse", "tool_name": tool_name,
+                                         "tool_input": tool_input}),
+                       capture_output=True, text=True, timeout=120)
+    return {"code": r.returncode, "out": r.stdout, "err": r.stderr}
+'''
+
+
+def said(result: dict) -> dict:
+    """Claude Code's reading of the hook's stdout: its permission decision."""
+    assert result["code"] == 0, result
+    return json.loads(result["out"])["hookSpecificOutput"] if result["out"].strip() else {}
