@@ -165,10 +165,14 @@ def answer_outcome(session, question) -> str:
         if question.status is questions.QuestionStatus.TIMED_OUT:
             return "the approval had timed out (its rule's default decided the call): " \
                    "the answer changes nothing"
+        from .tools.approve import decision_of
+        answer = session.questions.read_answer(question.id)
+        allowed, words = decision_of(answer.text) if answer else (False, None)
+        said = "it allows the call" if allowed else "it denies the call" + (
+            f" (the agent is told: {printable(words)})" if words else "")
         if running:
-            return "the tool call waiting for it is decided now"
-        return "it decides that tool call when the same unit of work makes it again " \
-               f"{resume}"
+            return f"{said}; the tool call waiting for it is decided now"
+        return f"{said} when the same unit of work makes it again {resume}"
     if question.status is questions.QuestionStatus.TIMED_OUT:
         return "the question had timed out: the answer reaches the next prompt as guidance"
     if question.kind == "in_run":

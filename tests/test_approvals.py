@@ -11,8 +11,7 @@ import signal
 import pytest
 import yaml
 
-from engine.humans.approvals import decision_of
-from engine.tools.approve import Rule, tool_call
+from engine.tools.approve import Rule, decision_of, tool_call
 from support import (events, finish, question_files, ralph, session_dir, spawn, wait_for,
                      write_config)
 from support.scripted import HOOK, recorded, said, script_agent
@@ -48,7 +47,8 @@ record("gemini", approve("gemini", "run_shell_command", {"command": "git push"})
     assert question["options"] == ["allow", "deny"] and question["default"] == "deny"
     assert question["context"]["role"] == "executor" and question["context"]["task"] == "t1"
     answered = ralph(workspace, "session", "answer", "s", "allow")
-    assert answered.returncode == 0 and "decided now" in answered.stdout, answered
+    assert answered.returncode == 0 and "it allows the call; the tool call waiting for it " \
+        "is decided now" in answered.stdout, answered
     assert said(recorded(workspace, "push", "s")) == {
         "hookEventName": "PreToolUse", "permissionDecision": "allow"}
     # unanswered: each rule's default at its deadline
@@ -96,7 +96,8 @@ record(f"push-{attempt}", approve("claude", "Bash", {"command": "git push"}))
     engine.wait()
     assert approvals(sd)[0]["status"] == "pending"
     answered = ralph(workspace, "session", "answer", "s", "allow")
-    assert answered.returncode == 0 and "when the session is resumed" in answered.stdout
+    assert answered.returncode == 0 and "it allows the call when the same unit of work " \
+        "makes it again when the session is resumed" in answered.stdout, answered
     resumed = spawn(workspace, "session", "resume", "s")
     code, out, err = finish(resumed, timeout=90)
     assert code == 0, out + err

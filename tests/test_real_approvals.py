@@ -59,7 +59,8 @@ def test_a_rule_asks_a_human_who_denies_allows_or_lets_it_time_out(cli, tmp_path
         assert "echo deployed-once > deployed.txt" in first["text"], first
         assert first["options"] == ["allow", "deny"] and first["default"] == "deny"
         denied = r.ralph("session", "answer", "real", "deny: not on a Friday")
-        assert denied.returncode == 0, denied
+        assert denied.returncode == 0 and "it denies the call (the agent is told: not on a " \
+            "Friday)" in denied.stdout, denied
 
         second = pending_approval(sd, seen)
         assert "deployed-twice" in second["text"], second

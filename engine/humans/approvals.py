@@ -23,30 +23,14 @@ from typing import Callable
 from session_store import BadInput, questions
 
 from ..config import ApprovalDefault
-from ..tools.approve import MAX_CALL, Rule
+from ..tools.approve import MAX_CALL, Rule, decision_of
 from .run_questions import record_key
 
 Q = questions.QuestionStatus
 OPTIONS = ["allow", "deny"]
-ALLOW_WORDS = {"allow", "allowed", "approve", "approved", "yes", "y", "ok"}
 SHOWN = 2000        # characters of a call a question and its records show
 MAX_TOOL = 200
 OWN_TOOLS = "mcp__ralph__"   # ralph's own MCP tools (emit, ask, ...): never asked about
-
-
-def decision_of(text: str) -> tuple[bool, str | None]:
-    """An answer as a decision: (allowed, the reason for the agent). `allow` (yes, ok)
-    allows; `deny` (no) denies; anything else denies with those words ("deny: not on
-    main" keeps "not on main"; "no problem" denies, with those words)."""
-    said = " ".join(text.split())
-    folded = said.casefold().rstrip(".!")
-    if folded in ALLOW_WORDS:
-        return True, None
-    if folded in ("deny", "denied", "no", "n"):
-        return False, None
-    if folded.startswith("deny") and not folded[4:5].isalnum():
-        said = said[4:].lstrip(" :,;-–—")
-    return False, said or None
 
 
 class Approvals:

@@ -51,6 +51,7 @@ _PATCHED = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
 MAX_CALL = 64 * 1024   # of a call, what is matched (and sent): past it, "cut"
 MAX_INPUT = 1 << 20
 CLIS = ("claude", "codex", "gemini")
+ALLOW_WORDS = {"allow", "allowed", "approve", "approved", "yes", "y", "ok"}
 
 
 class Glob:
@@ -164,6 +165,21 @@ def tool_call(cli: str, name, tool_input) -> tuple[str, str]:
     if isinstance(value, str):
         return tool, value
     return tool, json.dumps(tool_input, ensure_ascii=False, sort_keys=True)
+
+
+def decision_of(text: str) -> tuple[bool, str | None]:
+    """An answer as a decision: (allowed, the reason for the agent). `allow` (yes, ok)
+    allows; `deny` (no) denies; anything else denies with those words ("deny: not on
+    main" keeps "not on main"; "no problem" denies, with those words)."""
+    said = " ".join(text.split())
+    folded = said.casefold().rstrip(".!")
+    if folded in ALLOW_WORDS:
+        return True, None
+    if folded in ("deny", "denied", "no", "n"):
+        return False, None
+    if folded.startswith("deny") and not folded[4:5].isalnum():
+        said = said[4:].lstrip(" :,;-–—")
+    return False, said or None
 
 
 # --- the hook ---
