@@ -31,6 +31,10 @@ from .reads import Problem, dumps
 # a stream that heard nothing for this long re-reads and sends a comment: it keeps the
 # connection alive through proxies and finds a page that has gone away
 KEEPALIVE = 15.0
+# after a change, one more look this much later: a file written into a directory made a
+# moment before can land before the watcher watches that directory (a new session asked
+# at once), and was then seen only at the next keepalive
+SETTLE = 0.5
 MAX_STREAMS = 32            # open at once, by default (`ralph web --max-streams`)
 MAX_MESSAGE = 2 << 20       # characters of one message (a snapshot, the session list)
 
@@ -61,6 +65,7 @@ class Feed:
         self._stop_watching = None
         self._watched: tuple[list[str], list[str]] | None = None
         self._rewatching: asyncio.Task | None = None
+        self._settling: asyncio.TimerHandle | None = None
         self._waiters: set[asyncio.Event] = set()
         self._stop_listening = None   # a fleet's database: its changes are its NOTIFYs
 
@@ -76,6 +81,8 @@ class Feed:
     async def close(self) -> None:
         self.closed = True
         self._wake_all()
+        if self._settling is not None:
+            self._settling.cancel()
         if self._rewatching is not None:   # it may be starting a watcher: stopped below
             await self._rewatching
         if self._stop_watching is not None:
@@ -131,6 +138,12 @@ class Feed:
         if self._watched is not None and self._watched[0] and self._rewatching is None \
                 and self._what_to_watch() != self._watched:   # a root, or a step to it, made
             self._rewatching = self.loop.create_task(self._rewatch())
+        self._wake_all()
+        if self._settling is None:
+            self._settling = self.loop.call_later(SETTLE, self._settled)
+
+    def _settled(self) -> None:
+        self._settling = None
         self._wake_all()
 
     def _wake_all(self) -> None:
