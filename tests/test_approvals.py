@@ -234,3 +234,25 @@ def test_each_clis_tools_in_the_rules_words():
     ("OK.", (True, None)), ("no problem", (False, "no problem"))])
 def test_an_answer_as_a_decision(text, decision):
     assert decision_of(text) == decision
+
+
+def test_a_large_call_no_rule_names_passes_and_one_a_rule_may_name_is_asked(workspace):
+    """The hook sends the engine at most 64 KiB of a call: a 2 MB file written passes
+    when no rule names its tool; a 100 KB command is asked about whatever it says past
+    the cut (there the rule's pattern could match)."""
+    script_agent(workspace, HOOK + '''
+record("big-write", approve("gemini", "write_file", {"file_path": "/tmp/x",
+                                                     "content": "x" * 2_000_000}))
+record("long", approve("claude", "Bash", {"command": "echo " + "y" * 100_000}))
+''', {"agent": {"approve": [{"rule": "Bash(git push*)", "timeout_seconds": 1}]}})
+    engine = spawn(workspace, "session", "start", "large", "--id", "s")
+    big = recorded(workspace, "big-write", "s")
+    assert big["code"] == 0 and big["out"] == "", big   # gemini's "no decision"
+    long = said(recorded(workspace, "long", "s"))
+    assert long["permissionDecision"] == "deny" and "nobody answered" in \
+        long["permissionDecisionReason"], long
+    code, out, err = finish(engine)
+    assert code == 0, out + err
+    [asked] = [e["payload"] for e in events(session_dir(workspace, "s"))
+               if e["topic"] == "approval.asked"]
+    assert asked["rule"] == "Bash(git push*)" and len(asked["call"]) == 2000

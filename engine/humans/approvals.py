@@ -225,7 +225,6 @@ class Approvals:
                 del self._waiting[qid]
 
 
-
 def _decision(question: questions.Question, answer) -> tuple[bool, str | None]:
     """(allowed, the reason the agent is shown) of an answer, or of the rule's default."""
     if answer is None:

@@ -49,7 +49,7 @@ _SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
 _URL = re.compile(r"https?://[^\s\"'<>]+")
 _PATCHED = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
 MAX_CALL = 64 * 1024   # of a call, what is matched (and sent): past it, "cut"
-MAX_INPUT = 1 << 20
+MAX_INPUT = 64 << 20   # a tool call as its CLI gives it (a Write carries its file)
 CLIS = ("claude", "codex", "gemini")
 ALLOW_WORDS = {"allow", "allowed", "approve", "approved", "yes", "y", "ok"}
 
