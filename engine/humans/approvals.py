@@ -23,13 +23,12 @@ from typing import Callable
 from session_store import BadInput, questions
 
 from ..config import ApprovalDefault
-from ..tools.approve import MAX_CALL, Rule, decision_of
+from ..tools.approve import MAX_CALL, MAX_TOOL, Rule, decision_of
 from .run_questions import record_key
 
 Q = questions.QuestionStatus
 OPTIONS = ["allow", "deny"]
 SHOWN = 2000        # characters of a call a question and its records show
-MAX_TOOL = 200
 OWN_TOOLS = "mcp__ralph__"   # ralph's own MCP tools (emit, ask, ...): never asked about
 
 
@@ -92,7 +91,8 @@ class Approvals:
         if question is None:
             decided = self._decided_same(text, run)
             if decided is not None:
-                return self._reuse(decided, rid, run)
+                self._reuse(decided, rid, run)
+                return None
             question = self._ask(text, tool, call, found, run, via)
         self._waiting.setdefault(question.id, []).append((rid, run.id))
         self.serve()
@@ -132,7 +132,6 @@ class Approvals:
             "id": question.id, "decision": "allow" if allowed else "deny"},
             source=run.role, run=run.id)
         self._reply(rid, _reply(allowed, reason))
-        return None
 
     def _ask(self, text, tool, call, rule, run, via) -> questions.Question:
         timeout = rule.timeout_seconds or self.robot.timeout_seconds

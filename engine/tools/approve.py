@@ -48,6 +48,7 @@ _VALUED = {"-u", "-g", "-n", "-s", "-k", "-C", "-D", "-p", "-U", "-h", "-r", "-t
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
 _URL = re.compile(r"https?://[^\s\"'<>]+")
 _PATCHED = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
+MAX_TOOL = 200         # characters of a tool's name
 MAX_CALL = 64 * 1024   # of a call, what is matched (and sent): past it, "cut"
 MAX_INPUT = 64 << 20   # a tool call as its CLI gives it (a Write carries its file)
 CLIS = ("claude", "codex", "gemini")
@@ -66,10 +67,10 @@ class Glob:
         if self.prefix:
             words = self.chunks[0]
             return text == words or text.startswith(words) and text[len(words)].isspace()
-        first, *middle, last = self.chunks if len(self.chunks) > 1 else (self.chunks[0], "")
         if len(self.chunks) == 1:
-            return text == first
-        if not text.startswith(first) or len(text) < len(first) + len(last) \
+            return text == self.chunks[0]
+        first, *middle, last = self.chunks
+        if len(text) < len(first) + len(last) or not text.startswith(first) \
                 or not text.endswith(last):
             return False
         at, end = len(first), len(text) - len(last)
@@ -184,23 +185,17 @@ def decision_of(text: str) -> tuple[bool, str | None]:
 
 # --- the hook ---
 
-def _said(cli: str, decision: str, reason: str | None) -> tuple[str, int]:
-    """What the hook prints and its exit code, for this CLI and decision (allow | deny)."""
+def _tell(cli: str, decision: str, reason: str | None = None) -> int:
+    """Print the decision (allow | deny) as this CLI reads it; exit 0, which every CLI
+    needs to read it (an exit 2 blocks only with words on stderr, 1 runs the call)."""
     if cli == "gemini":
-        said = {"decision": decision}
-        if reason:
-            said["reason"] = reason
-        return json.dumps(said), 0
-    said = {"hookEventName": "PreToolUse", "permissionDecision": decision}
-    if reason:
-        said["permissionDecisionReason"] = reason
-    return json.dumps({"hookSpecificOutput": said}), 0
-
-
-def _deny(cli: str, reason: str) -> int:
-    out, code = _said(cli, "deny", reason)
-    print(out, flush=True)
-    return code
+        said = {"decision": decision, **({"reason": reason} if reason else {})}
+    else:
+        said = {"hookSpecificOutput": {
+            "hookEventName": "PreToolUse", "permissionDecision": decision,
+            **({"permissionDecisionReason": reason} if reason else {})}}
+    print(json.dumps(said), flush=True)
+    return 0
 
 
 def _stopped(_signum, _frame):
@@ -218,21 +213,20 @@ def main(argv: list[str]) -> int:
     try:
         call = json.loads(sys.stdin.buffer.read(MAX_INPUT + 1) or b"null")
         if not isinstance(call, dict) or not isinstance(call.get("tool_name"), str):
-            return _deny(cli, "ralph: the hook was given no tool call to approve")
+            return _tell(cli, "deny", "ralph: the hook was given no tool call to approve")
         from .client import request
         from .emit import session_dir
         tool, subject = tool_call(cli, call["tool_name"], call.get("tool_input"))
         reply = request(session_dir(None), "approve", {
-            "tool": tool[:200], "call": subject[:MAX_CALL], "cut": len(subject) > MAX_CALL})
+            "tool": tool[:MAX_TOOL], "call": subject[:MAX_CALL], "cut": len(subject) > MAX_CALL})
     except KeyboardInterrupt:
-        return _deny(cli, "ralph: the wait for approval was cut short: the call is denied")
+        return _tell(cli, "deny", "ralph: the wait for approval was cut short: the call is "
+                                  "denied")
     except Exception as e:   # a hook that fails lets its CLI run the call: never fail open
-        return _deny(cli, f"ralph could not ask for approval, so the call is denied: "
-                          f"{type(e).__name__}: {e}")
+        return _tell(cli, "deny", f"ralph could not ask for approval, so the call is denied: "
+                                  f"{type(e).__name__}: {e}")
     decision = reply.get("decision")
     if decision == "pass":
         return 0
     reason = reply.get("reason") if isinstance(reply.get("reason"), str) else None
-    out, code = _said(cli, "allow" if decision == "allow" else "deny", reason)
-    print(out, flush=True)
-    return code
+    return _tell(cli, "allow" if decision == "allow" else "deny", reason)
