@@ -42,6 +42,14 @@ class OnLimit(enum.Enum):
     SWITCH = "switch"    # run on agent.limit_fallback until the limit resets
 
 
+class SandboxMode(enum.Enum):   # engine/agents/sandbox.py; none: with the user's rights
+    ENFORCE, NONE = "enforce", "none"
+
+
+class Network(enum.Enum):   # none: a network of the run's own, loopback only
+    OPEN, NONE = "open", "none"
+
+
 class Approval(enum.Enum):
     AUTO = "auto"
     REQUIRED = "required"
@@ -86,8 +94,10 @@ class AgentConfig:
     limit_fallback: AgentOverride | None = None   # for on_limit: switch
     limit_wait_seconds: float = 3600.0       # when the CLI does not say when it resets
     max_limit_wait_seconds: float = 43200.0  # the longest one wait; then the step is retried
-    # tool calls a human approves first, asked through the CLI's hook (claude, codex, gemini)
-    approve: list[ApprovalRule] = field(factory=list)
+    approve: list[ApprovalRule] = field(factory=list)   # asked of a human: the CLI's hook
+    sandbox: SandboxMode = SandboxMode.ENFORCE   # none, writable: only from a config
+    network: Network = Network.OPEN              # outside the workspace (sandbox.py)
+    writable: list[str] = field(factory=list)    # more paths runs may write
 
 
 @define

@@ -29,6 +29,7 @@ GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 SUPERVISOR_NAME = "ralph-run"   # a run's supervisor names itself so (prctl PR_SET_NAME)
+SANDBOX_NAME = "bwrap"          # the sandbox around a run (engine/agents/sandbox.py)
 _spared: set[int] = set()   # children the engine started itself (a resume from a channel)
 _spawning = threading.Lock()   # held while such a child is started and spared
 _adopting = False           # this process is the reaper of its orphaned descendants
@@ -177,7 +178,7 @@ def stop(find_them, grace: float = GRACE_SECONDS) -> int:
     termed: set[int] = set()
     deadline = time.monotonic() + grace
     while alive and time.monotonic() < deadline:
-        fresh = [pid for pid in alive if pid not in termed]
+        fresh = [pid for pid in _in_their_turn(alive) if pid not in termed]
         _send(fresh, signal.SIGTERM)
         _send(fresh, signal.SIGCONT)   # a stopped process handles its SIGTERM when woken
         termed.update(fresh)
@@ -190,6 +191,19 @@ def stop(find_them, grace: float = GRACE_SECONDS) -> int:
         time.sleep(_POLL / 5)
         alive = look()
     return first
+
+
+def _in_their_turn(alive: list[int]) -> list[int]:
+    """Who gets SIGTERM now. A sandbox (bubblewrap, engine/agents/sandbox.py) is never
+    asked: its PID namespace ends, every process in it SIGKILLed, once the run's first
+    process inside it exits; so that one is asked last, when the rest has gone (or at
+    SIGKILL), and every other process gets its grace."""
+    sandboxes = {pid for pid in alive if procfs.comm(pid) == SANDBOX_NAME}
+    if not sandboxes:
+        return alive
+    firsts = {pid for pid in alive if (stat := procfs.live(pid)) and stat[0] in sandboxes}
+    rest = [pid for pid in alive if pid not in sandboxes and pid not in firsts]
+    return rest or [pid for pid in alive if pid in firsts and pid not in sandboxes]
 
 
 def _send(pids, sig) -> None:

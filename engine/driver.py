@@ -28,6 +28,7 @@ from session_store import (BadInput, DiskFault, PauseKind, Session, State, Statu
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
+from .agents.sandbox import Sandbox
 from .channels import telegram
 from .clock import SystemClock, until
 from . import config as cfg
@@ -54,7 +55,7 @@ __all__ = ["Engine"]
 
 class Engine:
     def __init__(self, session: Session, config: Config, *, clock=None, agent_for=None,
-                 out=None):
+                 out=None, sandbox: Sandbox | None = None):
         self.session = session
         self.config = config
         self.clock = clock or SystemClock()
@@ -93,7 +94,7 @@ class Engine:
             session, tracker, config, self.mailbox, self.inlet, limits,
             agent_for=agent_for or (lambda role: make_agent(limits.agent_config(role))),
             admit=lambda: limit_reached(tracker) or self._hold(), wakeup=self.wakeup,
-            say=self.say, clock=self.clock)
+            say=self.say, clock=self.clock, sandbox=sandbox)
         desk.on_answer.append(self._answered)
         self.assessor = assessor = Assessor(
             session, tracker, desk, config.fallback, state=state,
@@ -105,7 +106,8 @@ class Engine:
         self.diagnostics = Diagnostics(session, self.clock) if diagnostics_on(config) else None
         self.hooks = hooks = LifecycleHooks(
             Hooks(session, config.hooks, self.clock, state=lambda: state().value, say=self.say,
-                  observe=self.diagnostics.hook if self.diagnostics else None),
+                  observe=self.diagnostics.hook if self.diagnostics else None,
+                  sandbox=sandbox),
             session, tracker, say=self.say, publish=self.publish)
         desk.on_question.append(hooks.question)
         runner.observers += [self._assess_run, self._count_blockers, self._ask_humans,

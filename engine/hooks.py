@@ -21,6 +21,7 @@ import subprocess
 import time
 from typing import Callable, NamedTuple
 
+from .agents.sandbox import Sandbox
 from .config import HookSpec, OnError
 from .secrets import secret
 
@@ -38,13 +39,15 @@ class HookFailure(NamedTuple):
 class Hooks:
     def __init__(self, session, hooks: dict[str, list[HookSpec]], clock, *,
                  state: Callable[[], str], say: Callable[[str], None],
-                 observe: Callable[[dict], None] | None = None):
+                 observe: Callable[[dict], None] | None = None,
+                 sandbox: Sandbox | None = None):
         self.session = session
         self.hooks = hooks
         self.clock = clock
         self._state = state
         self._say = say
         self._observe = observe   # diagnostics: each hook run's record
+        self._sandbox = sandbox   # a hook runs confined as an agent does (None: unconfined)
         self._base_env = {k: v for k, v in os.environ.items()
                           if not k.startswith("RALPH_TEST_") and not secret(k)}
 
@@ -113,9 +116,13 @@ class Hooks:
                log_fd: int) -> tuple[int | None, bool, str | None]:
         """(exit code, timed out, why it could not run): a process group of its own, so a
         timeout stops whatever it started too."""
+        command = spec.command
+        if self._sandbox is not None:   # a script the agents could rewrite runs as they do
+            command = self._sandbox.wrap(command, env, tree=self.session.workspace,
+                                         work_dir=self.session.work_dir)
         try:
             try:
-                proc = subprocess.Popen(spec.command, stdin=subprocess.PIPE, stdout=log_fd,
+                proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log_fd,
                                         stderr=log_fd, env=env, cwd=self.session.workspace,
                                         start_new_session=True)
             except OSError as e:

@@ -33,6 +33,7 @@ from . import gates, prompt
 from .agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,
                      ralph_argv)
 from .agents.preset import reported_usd
+from .agents.sandbox import Sandbox
 from .config import AgentConfig
 from .inlet import Inlet, RunInfo
 from .limits import LimitKeeper
@@ -84,7 +85,7 @@ class AgentRunner:
     def __init__(self, session: Session, tracker: Tracker, config, mailbox: Mailbox,
                  inlet: Inlet, limits: LimitKeeper, *, agent_for,
                  admit: Callable[[], "Next | None"], wakeup: threading.Event,
-                 say: Callable[[str], None], clock):
+                 say: Callable[[str], None], clock, sandbox: Sandbox | None = None):
         self.session = session
         self.tracker = tracker
         self.config = config
@@ -92,6 +93,7 @@ class AgentRunner:
         self.inlet = inlet
         self.limits = limits
         self._agent_for = agent_for
+        self.sandbox = sandbox         # what each run can reach (None: the human said none)
         self._admit = admit            # limits, then the hold for a pending human question
         self.wakeup = wakeup
         self._say = say
@@ -241,7 +243,8 @@ class AgentRunner:
                                     ended=self._end_run, mcp=mcp,
                                     conversation=conversation, now=self.clock.now,
                                     in_worktree=self.tree != self.session.workspace,
-                                    approve=self._approval_hook(env)),
+                                    approve=self._approval_hook(env),
+                                    sandbox=self.sandbox),
                          [g["id"] for g in guidance], unit, agent, key)
 
     def _approval_hook(self, env: dict[str, str]) -> ApprovalHook | None:
@@ -317,7 +320,7 @@ class AgentRunner:
         lane = AgentRunner(self.session, self.tracker, self.config, self.mailbox,
                            self.inlet, self.limits, agent_for=self._agent_for,
                            admit=self._admit, wakeup=self.wakeup, say=self._say,
-                           clock=self.clock)
+                           clock=self.clock, sandbox=self.sandbox)
         lane.observers, lane.run_ended, lane.woken = self.observers, self.run_ended, self.woken
         lane.gates_judged = self.gates_judged
         lane._attempts = self._attempts

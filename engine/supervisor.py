@@ -121,7 +121,10 @@ class Run:
         session_dir = os.environ.get(containment.SESSION_MARK, "")
         run = os.environ.get(containment.RUN_MARK)
         # the run's tree is this process's (the agent itself may be gone, its pid reused)
-        stopped = containment.stop(lambda: containment.find(session_dir, run, os.getpid()))
+        # not its parent: in a sandbox that is bubblewrap, the PID namespace's init, which
+        # nothing inside may signal (it ends, the namespace with it, once this exits)
+        stopped = containment.stop(lambda: containment.find(session_dir, run, os.getpid())
+                                   - {os.getppid()})
         if stopped:
             _say(f"ralph: stopped {stopped} process(es) of run {run}: {self.stop_why}")
         self._reap()

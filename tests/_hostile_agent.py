@@ -40,9 +40,14 @@ def run(name: str, argv: list[str], env: dict | None = None, **popen) -> int:
 
 
 def write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    """Write as an agent would; where its sandbox refuses, that is recorded, and the run
+    goes on to its next attack."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        record("refused-write", path=path, error=e.strerror)
 
 
 # --- the attacks ---

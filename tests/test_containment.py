@@ -129,6 +129,12 @@ AGENTLIB = textwrap.dedent('''
 ''') % EVIDENCE
 
 
+# the supervisor's own containment, the only one when the human runs agents unconfined
+# (`--sandbox none`): the agents here record their pids, which a sandbox's PID namespace
+# renumbers. tests/test_sandbox.py proves the same of a sandboxed run.
+UNCONFINED = ("--sandbox", "none")
+
+
 def setup(ws: Path, agent: str, command: list[str] | None = None, **config) -> Path:
     """The agent script `agent` (after `from agentlib import *`) as the command backend of
     every role; the fallback assessor off (no human is there to ask)."""
@@ -142,12 +148,12 @@ def setup(ws: Path, agent: str, command: list[str] | None = None, **config) -> P
 
 
 def start(ws: Path, sid: str, **kw):
-    return ralph(ws, "session", "start", "contain every agent process", "--id", sid,
+    return ralph(ws, "session", "start", "contain every agent process", "--id", sid, *UNCONFINED,
                  env=base_env(**FAST), timeout=60, **kw)
 
 
 def spawn_start(ws: Path, sid: str, **env) -> subprocess.Popen:
-    return spawn(ws, "session", "start", "contain every agent process", "--id", sid,
+    return spawn(ws, "session", "start", "contain every agent process", "--id", sid, *UNCONFINED,
                  env=base_env(**FAST, **env))
 
 
@@ -527,7 +533,7 @@ def test_kill_9_of_the_engine_stops_every_process_of_its_run_without_resume(work
         [stderr] = (work_dir(sd) / "iterations/1/logs").glob(f"{run}.stderr")
         assert f"ralph: stopped 4 process(es) of run {run}: its engine is gone" in \
             stderr.read_text()
-        r = ralph(ws, "session", "resume", "k1", env=base_env(**FAST), timeout=60)
+        r = ralph(ws, "session", "resume", "k1", *UNCONFINED, env=base_env(**FAST), timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "left by an earlier engine" not in r.stdout
         assert metadata(sd)["status"] == "completed"
@@ -565,7 +571,7 @@ def test_what_outlived_its_engine_and_its_supervisor_is_stopped_on_resume(worksp
         assert alive(grandchild) and alive(daemon)
         [killed_run] = runs_of(sd, "executor-t1")
         assert marked(sd, killed_run) >= {grandchild[0], daemon[0]}
-        r = ralph(ws, "session", "resume", "k2", env=base_env(**FAST), timeout=60)
+        r = ralph(ws, "session", "resume", "k2", *UNCONFINED, env=base_env(**FAST), timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         # found by their mark (the one without was init's: out of every tree)
         assert "stopped 2 process(es) left by an earlier engine's agent runs" in r.stdout
@@ -943,7 +949,7 @@ def test_an_engine_stopped_by_a_signal_leaves_nothing_running(workspace, sig, co
     sd = only_session(ws)
     stopped_cleanly(ws, sd)
     # resumable, and the next engine finds nothing to stop
-    r = ralph(ws, "session", "resume", "e1", env=base_env(**FAST), timeout=60)
+    r = ralph(ws, "session", "resume", "e1", *UNCONFINED, env=base_env(**FAST), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "left by an earlier engine" not in r.stdout
     assert metadata(sd)["status"] == "completed"
@@ -1073,7 +1079,7 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
     grandchild = recorded(ws, "grandchild.pid")
     try:
         assert grandchild[0] in containment.find(str(link / ".ralph-sessions" / "sy"))
-        r = ralph(ws, "session", "resume", "sy", env=base_env(**FAST), timeout=60)
+        r = ralph(ws, "session", "resume", "sy", *UNCONFINED, env=base_env(**FAST), timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert not alive(grandchild), r.stdout
     finally:

@@ -15,12 +15,24 @@ from .preset import ApprovalHook, RunSetup, as_dict, write_private
 GEMINI_HOME = ".gemini-home"   # after the run's logs' base: its GEMINI_CLI_HOME
 
 
-def claude_settings(hook: ApprovalHook) -> list[str]:
-    """Claude Code: a PreToolUse hook in `--settings`, inline (no file the agent could
-    edit); `disableAllHooks: false` there outranks a workspace's or the user's `true`."""
-    return ["--settings", json.dumps({"disableAllHooks": False, "hooks": {"PreToolUse": [{
-        "matcher": hook.matcher(), "hooks": [{"type": "command", "command": hook.shell("claude"),
-                                              "timeout": hook.wait_seconds}]}]}})]
+# Claude Code's own sandbox around its shell commands, with no way out of it (a command
+# it cannot sandbox fails instead of running unsandboxed); ralph's sandbox is around it
+# all the same (engine/agents/sandbox.py): where Claude Code's cannot start (no socat)
+# it says so and runs its commands inside ralph's alone
+CLAUDE_SANDBOX = {"enabled": True, "allowUnsandboxedCommands": False}
+
+
+def claude_settings(hook: ApprovalHook | None) -> list[str]:
+    """Claude Code's `--settings` for a run, inline (no file the agent could edit): its
+    sandbox, and with `hook` a PreToolUse hook; `disableAllHooks: false` there outranks a
+    workspace's or the user's `true`."""
+    settings: dict = {"sandbox": CLAUDE_SANDBOX}
+    if hook is not None:
+        settings.update({"disableAllHooks": False, "hooks": {"PreToolUse": [{
+            "matcher": hook.matcher(), "hooks": [{
+                "type": "command", "command": hook.shell("claude"),
+                "timeout": hook.wait_seconds}]}]}})
+    return ["--settings", json.dumps(settings)]
 
 
 def codex_hook(hook: ApprovalHook) -> list[str]:

@@ -93,9 +93,7 @@ class Claude(Preset):
                 "env": setup.mcp.env}}}))
             argv[argv.index("Bash")] = "Bash mcp__ralph"
             argv += ["--mcp-config", config]
-        if setup.approve is not None:
-            argv += claude_settings(setup.approve)
-        return argv
+        return argv + claude_settings(setup.approve)
 
     def env(self, setup: RunSetup) -> dict[str, str]:
         # a blocking `ask` (a shell command or an MCP call) must not outlive its tool's

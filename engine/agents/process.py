@@ -21,8 +21,9 @@ from typing import Callable
 
 from session_store import open_beneath, read_nofollow
 
-from .. import containment, supervisor
+from .. import containment, procfs, supervisor
 from ..config import PromptMode
+from .sandbox import Sandbox
 from .preset import ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
@@ -41,6 +42,8 @@ class Invocation:
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)   # the engine's clock
     in_worktree: bool = False    # cwd is a parallel batch's worktree, not the workspace
     approve: ApprovalHook | None = None      # the CLI's pre-tool hook asks ralph (presets)
+    sandbox: Sandbox | None = None           # what the run can reach (None: unconfined)
+    read_only: tuple[str, ...] = ()          # inside what it writes: what it may only read
 
 
 @dataclass(slots=True)
@@ -90,6 +93,14 @@ class CommandAgent:
         env = {**inv.env, **self.preset.env(setup)}
         for name in self.preset.unset(setup):
             env.pop(name, None)
+        confine = None
+        if inv.sandbox is not None:
+            sandbox = inv.sandbox
+
+            def confine(command: list[str]) -> list[str]:
+                return sandbox.wrap(command, env, tree=inv.cwd, work_dir=work_dir,
+                                    cli=self.preset.name, read_only=inv.read_only,
+                                    chdir=supervisor.HOME)
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         # private (0600) and never through a link planted at these predictable names, or in
@@ -105,7 +116,7 @@ class CommandAgent:
             try:
                 held = _Supervised(argv, inv.cwd, env, out, err, agent_exited,
                                    stdin=subprocess.DEVNULL if stdin_data is None else
-                                   subprocess.PIPE)
+                                   subprocess.PIPE, confine=confine)
             except OSError as e:   # no process to be had (EAGAIN, ENOMEM)
                 inv.ended()
                 try:
@@ -139,7 +150,7 @@ class CommandAgent:
                     leader_ran = not exited.is_set()   # then it is among those stopped
                     # the supervisor apart: it stays, to stop the run should the engine die
                     left = containment.stop(lambda: containment.find(
-                        session_dir, run, proc.pid, before) - {proc.pid})
+                        session_dir, run, proc.pid, before) - held.wrappers())
                     outcome.left_behind = max(0, left - leader_ran)
                     containment.reap_orphans(proc.pid)
                     outcome.exit_code = held.release()
@@ -159,12 +170,14 @@ class _Supervised:
     of the supervisor's lifeline, and the agent's exit code it tells."""
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], out, err,
-                 agent_exited: Callable[[], None], stdin):
+                 agent_exited: Callable[[], None], stdin,
+                 confine: Callable[[list[str]], list[str]] | None = None):
         lifeline, self._lifeline = os.pipe()
         self._status, told = os.pipe()
+        command = supervisor.command(lifeline, told, cwd, argv)
         try:
             self.proc = subprocess.Popen(
-                supervisor.command(lifeline, told, cwd, argv), cwd=supervisor.HOME, env=env,
+                confine(command) if confine else command, cwd=supervisor.HOME, env=env,
                 stdin=stdin, stdout=out, stderr=err, start_new_session=True,
                 pass_fds=(lifeline, told))
         except OSError:
@@ -187,6 +200,17 @@ class _Supervised:
         if line.lstrip(b"-").isdigit():
             self._code = int(line)
         agent_exited()
+
+    def wrappers(self) -> set[int]:
+        """The supervisor, and the sandbox it runs in: stopped by `release`, the run's
+        processes before them."""
+        found, pid = set(), self.proc.pid
+        while pid and procfs.comm(pid) in (containment.SANDBOX_NAME,
+                                           containment.SUPERVISOR_NAME):
+            found.add(pid)
+            pid = next((child for child, parent in procfs.live_parents().items()
+                        if parent == pid), 0)
+        return found | {self.proc.pid}
 
     def release(self) -> int:
         """The run is stopped: let the supervisor go (stopped too if it does not: an agent

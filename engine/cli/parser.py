@@ -120,6 +120,13 @@ def _limit_flags(p) -> None:
                         "(default: event_loop.max_cost_usd)")
 
 
+def _sandbox_flag(p) -> None:
+    p.add_argument("--sandbox", choices=("enforce", "none"),
+                   help="none: agents and hooks run with your rights, unconfined, for this "
+                        "run of the engine (default: agent.sandbox of a config outside the "
+                        "workspace, else enforce)")
+
+
 # --- each command's flags and handler. one_shot: a command that does its work and exits
 # (the CLI turns the cycle collector off for it; see engine/cli/__init__.py) ---
 
@@ -144,6 +151,7 @@ def _session_start(p) -> None:
     p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
     p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
     _limit_flags(p)
+    _sandbox_flag(p)
     p.set_defaults(handler=sessions.cmd_start)
 
 
@@ -153,6 +161,7 @@ def _session_resume(p) -> None:
     p.add_argument("--now", action="store_true",
                    help="retry at once a step waiting for its agent's usage limit to reset")
     _limit_flags(p)
+    _sandbox_flag(p)
     p.set_defaults(handler=sessions.cmd_resume)
 
 

@@ -34,6 +34,9 @@ def cmd_start(args) -> int:
     _apply_limit_flags(limits, args)
     _preflight(config)
     cfg.check_paths(config, workspace(args), config_path)
+    from ..agents.sandbox import check_config
+    check_config(config, workspace(args), config_path)
+    sandbox = _sandbox(config, args, workspace(args), config_path)
     if config_path and not cfg.outside_allowed(workspace(args), config_path):
         changed = cfg.changed_agents(config, workspace(args))
         if changed:
@@ -67,7 +70,7 @@ def cmd_start(args) -> int:
         print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
           f"control files (out of agents' reach) are in {session.dir}", flush=True)
-    return _run(session, config, resume=False)
+    return _run(session, config, sandbox, resume=False)
 
 
 def _repository(config, ws: str):
@@ -181,23 +184,58 @@ def cmd_resume(args) -> int:
             raise BadInput(f"session {session.id} is {status.value}: there is nothing to resume")
         # a crash came between the final transition and the summary: finish the closing
         # work (the transition's record, the summary) and exit as the session ended
-        return _run(session, cfg.load_session_config(session), resume=True)
+        config = cfg.load_session_config(session)
+        return _run(session, config, _sandbox(config, args, ws, session.metadata.config_path),
+                    resume=True)
     config = cfg.load_session_config(session)
     check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     cfg.check_paths(config, ws, session.metadata.config_path)
     _preflight(config)
+    sandbox = _sandbox(config, args, ws, session.metadata.config_path)
     _apply_limit_flags(session.metadata.limits, args)
-    return _run(session, config, resume=True, message=args.message, now=args.now)
+    return _run(session, config, sandbox, resume=True, message=args.message, now=args.now)
 
 
-def _run(session, config, *, resume: bool, message: str | None = None,
+def _run(session, config, sandbox, *, resume: bool, message: str | None = None,
          now: bool = False) -> int:
     from ..agents import containment
     from ..driver import Engine
     # this process is the engine: orphans of its agents' runs are its to find and stop
     # (a library or a test running an Engine in-process keeps its own process as it is)
     containment.adopt_orphans()
-    return Engine(session, config).run(resume=resume, message=message, now=now)
+    return Engine(session, config, sandbox=sandbox).run(resume=resume, message=message,
+                                                        now=now)
+
+
+def _sandbox(config, args, ws: str, config_path: str | None):
+    """The sandbox this engine's runs and hooks get, said on the console; None when the
+    human said `none` (the flag, or a config outside the workspace). A sandbox that cannot
+    be set up refuses the session (exit 2)."""
+    from session_store import state_root
+
+    from .. import config as cfg
+    from ..agents import sandbox as sb
+    mode = args.sandbox or config.agent.sandbox.value
+    if mode == "none":
+        why = "--sandbox none" if args.sandbox else f"agent.sandbox: none in {config_path}"
+        print(f"ralph: sandbox: none ({why}): agents and hooks run with your rights, "
+              f"unconfined", file=sys.stderr, flush=True)
+        return None
+    hidden = [state_root()]
+    if config_path and cfg.outside_allowed(ws, config_path):
+        hidden.append(config_path)   # the human's own config: its token, its choices
+    try:
+        found = sb.find(hidden=tuple(hidden), writable=tuple(
+            os.path.expanduser(p) for p in config.agent.writable),
+            network=config.agent.network is cfg.Network.OPEN)
+    except sb.SandboxUnavailable as e:
+        raise bad(f"agent.sandbox: enforce: {e}; or run unconfined with --sandbox none") \
+            from None
+    extra = f", and {', '.join(found.writable)}" if found.writable else ""
+    print(f"ralph: sandbox: agents and hooks write only the workspace and their work "
+          f"area{extra}; ralph's control files and your secrets are out of their sight"
+          f"{'' if found.network else '; no network'}", file=sys.stderr, flush=True)
+    return found
 
 
 def _preflight(config) -> None:

@@ -6,7 +6,9 @@ only, never the venv: agents must find `ralph` by the absolute path the prompt g
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +43,10 @@ class Rig:
         self.cli = cli
         self.ws = tmp / "ws"
         self.ws.mkdir()
-        home = tmp / "home"
-        home.mkdir()
+        # the CLI's home out of /tmp: Codex makes its sandbox helper's alias in $CODEX_HOME
+        # and refuses to under the temporary directory (then its bubblewrap finds no
+        # codex-linux-sandbox and every command fails)
+        home = self.home = Path(tempfile.mkdtemp(prefix="ralph-cli-home-", dir="/var/tmp"))
         self.server = ModelServer(brain).start()
         env = base_env()
         env.update(HOME=str(home), PATH=f"{AGENTS_BIN}:{SYSTEM_PATH}")
@@ -71,6 +75,7 @@ class Rig:
 
     def close(self) -> None:
         self.server.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
 
     def start(self, *args: str, sid: str = "real") -> subprocess.Popen:
         """`ralph session start` with `--agent <cli>` and nothing else configured."""
