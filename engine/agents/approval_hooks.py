@@ -19,7 +19,8 @@ GEMINI_HOME = ".gemini-home"   # after the run's logs' base: its GEMINI_CLI_HOME
 # it cannot sandbox fails instead of running unsandboxed); ralph's sandbox is around it
 # all the same (engine/agents/sandbox.py): where Claude Code's cannot start (no socat)
 # it says so and runs its commands inside ralph's alone
-CLAUDE_SANDBOX = {"enabled": True, "allowUnsandboxedCommands": False}
+CLAUDE_SANDBOX = {"enabled": True, "allowUnsandboxedCommands": False,
+                  "enableWeakerNestedSandbox": True}
 
 
 def claude_settings(hook: ApprovalHook | None) -> list[str]:
