@@ -25,7 +25,7 @@ from typing import Callable
 
 
 from session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
-                           Session)
+                           Session, signals)
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
@@ -207,9 +207,11 @@ class AgentRunner:
             "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
             # the run's mark: its events are taken while it is open, its processes found
             containment.RUN_MARK: os.path.basename(files.base)})
+        shown: tuple[str, ...] = ()   # of the control plane, what the sandbox shows read-only
         if self.session.mailbox_dir is not None:
-            # read-only for agents (a sandboxed one cannot write there): a poll's quick look
+            # a poll's quick look at what waits (the rest of the control plane is hidden)
             env["RALPH_CONTROL_DIR"] = self.session.mailbox_dir
+            shown = (signals.dirs(self.session.mailbox_dir)[0],)
         if len(self._ralph) == 1:   # a plain `ralph` works too, where PATH holds
             env["PATH"] = os.path.dirname(self._ralph[0]) + os.pathsep + env.get("PATH", "")
         if task:
@@ -244,7 +246,7 @@ class AgentRunner:
                                     conversation=conversation, now=self.clock.now,
                                     in_worktree=self.tree != self.session.workspace,
                                     approve=self._approval_hook(env),
-                                    sandbox=self.sandbox),
+                                    sandbox=self.sandbox, read_only=shown),
                          [g["id"] for g in guidance], unit, agent, key)
 
     def _approval_hook(self, env: dict[str, str]) -> ApprovalHook | None:

@@ -52,14 +52,16 @@ PROBE = '''
     attempt("control-signal", lambda: write(
         os.path.join(control, "signals", "inputs", "signal.999999-999999-999-x.yaml"),
         "type: ABORT\\nmessage: the agent says stop\\n"))
-    attempt("state-listing", lambda: os.listdir(os.environ["PROBE_STATE"]))
+    attempt("state-files", lambda: [f for _, _, files in os.walk(os.environ["PROBE_STATE"])
+                                    for f in files])
+    attempt("control-metadata", lambda: read(os.path.join(control, "metadata.yaml")))
     attempt("outside-write", lambda: write(os.environ["PROBE_OUTSIDE"] + "/owned", "owned"))
     attempt("pgpass", lambda: read(os.path.expanduser("~/.pgpass")))
     attempt("ssh-key", lambda: read(os.path.expanduser("~/.ssh/id_ed25519")))
     attempt("ralph-yml", lambda: write(os.path.join(ws, "ralph.yml"), "hooks: {}\\n"))
     attempt("git-config", lambda: write(os.path.join(ws, ".git", "config"), "[core]\\n"))
     attempt("workspace-write", lambda: write(os.path.join(ws, "made-by-agent"), "fine"))
-    attempt("tmp-write", lambda: write("/tmp/scratch", "mine"))
+    attempt("tmp-write", lambda: write(os.environ["PROBE_TMP"], "mine"))
     attempt("processes", lambda: sorted(
         open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode()[:200]
         for p in os.listdir("/proc") if p.isdigit()))
@@ -95,7 +97,8 @@ def probing(ws: Path, home: Path, **env) -> dict:
                                 "command": [sys.executable, str(ws / "probe.py")]},
                       "git": {"commits": False}})
     return base_env(**FAST, HOME=str(home), PROBE_OUTSIDE=str(home / "outside"),
-                    PROBE_STATE=os.environ["RALPH_STATE_DIR"], **env)
+                    PROBE_STATE=os.environ["RALPH_STATE_DIR"],
+                    PROBE_TMP=f"/tmp/ralph-scratch-{ws.parent.name}", **env)
 
 
 def probes(ws: Path) -> dict:
@@ -112,7 +115,8 @@ def test_a_hostile_agent_takes_nothing_and_the_session_completes(workspace, home
     sd = only_session(workspace)
     # the control plane: not there to write, nor to list
     assert got["control-signal"][0] == "refused", got
-    assert got["state-listing"] in (["ok", []], ["refused", "No such file or directory"]), got
+    # (of it, only where signals wait is shown, read-only, for a poll's quick look)
+    assert got["state-files"] == ["ok", []] and got["control-metadata"][0] == "refused", got
     assert not signal_files(sd, "processed") and not signal_files(sd, "inputs")
     assert metadata(sd)["status"] == "completed"
     # nothing outside the workspace written; the user's secrets not read
@@ -123,7 +127,8 @@ def test_a_hostile_agent_takes_nothing_and_the_session_completes(workspace, home
     assert "hooks" not in (workspace / "ralph.yml").read_text()
     # the workspace and a private /tmp are the run's
     assert got["workspace-write"][0] == "ok" and (workspace / "made-by-agent").exists()
-    assert got["tmp-write"][0] == "ok" and not Path("/tmp/scratch").exists()
+    assert got["tmp-write"][0] == "ok"
+    assert not Path(f"/tmp/ralph-scratch-{workspace.parent.name}").exists()
     # its own processes only: not the engine's, not its command line
     seen = got["processes"][1]
     assert not any("session start" in cmd for cmd in seen), seen

@@ -116,11 +116,12 @@ class Sandbox:
         secrets = [os.path.join(self.home, p) for p in HIDDEN_IN_HOME] + [
             os.path.join(self.home, p) for name, paths in CLI_HOMES.items() if name != cli
             for p in paths] + list(self.hidden)
+        shown = _existing(read_only)
         for path in _existing(secrets):
             if path in own or any(_under(w, (path,)) for w in writable):
                 continue   # the run's own CLI folder; or a workspace the human put there
-            args += _hide(path)
-        for path in _existing(read_only):
+            args += _hide(path, [p for p in shown if _under(p, (path,))])
+        for path in shown:
             args += ["--ro-bind", path, path]
         return [*args, "--chdir", chdir or tree, "--", *argv]
 
@@ -233,9 +234,12 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(o != p and _under(p, (o,)) for o in paths)]
 
 
-def _hide(path: str) -> list[str]:
+def _hide(path: str, shown: list[str]) -> list[str]:
+    """An empty read-only folder (or file) in `path`'s place; what of it is `shown` is
+    mounted into it first (a read-only tmpfs takes no mount point after)."""
     if os.path.isdir(path):
-        return ["--tmpfs", path, "--remount-ro", path]
+        return ["--tmpfs", path, *(a for p in shown for a in ("--ro-bind", p, p)),
+                "--remount-ro", path]
     return ["--ro-bind", "/dev/null", path]
 
 
