@@ -238,6 +238,10 @@ def agent_run_of(pid: int | None = None) -> AgentRun | None:
     for ancestor in procfs.lineage(procfs.own_pid() if pid is None else pid):
         if procfs.comm(ancestor) == SUPERVISOR_NAME:
             marks = _marks(ancestor)
+            if RUN_MARK not in marks and marked is not None:
+                # its environment out of this process's reach (a CLI's own sandbox, in a
+                # user namespace of its own): the marks below it tell
+                return marked._replace(supervisor=ancestor)
             return AgentRun(ancestor, marks.get(RUN_MARK), marks.get(SESSION_MARK))
         if marked is None and RUN_MARK in (marks := _marks(ancestor)):
             marked = AgentRun(None, marks[RUN_MARK], marks.get(SESSION_MARK))

@@ -43,10 +43,10 @@ class Rig:
         self.cli = cli
         self.ws = tmp / "ws"
         self.ws.mkdir()
-        # the CLI's home out of /tmp: Codex makes its sandbox helper's alias in $CODEX_HOME
-        # and refuses to under the temporary directory (then its bubblewrap finds no
-        # codex-linux-sandbox and every command fails)
-        home = self.home = Path(tempfile.mkdtemp(prefix="ralph-cli-home-", dir="/var/tmp"))
+        # a home where the user's is (not in /tmp, which every run has a private one of:
+        # the sandbox must hide its secrets itself), and Codex makes its sandbox helper's
+        # alias in $CODEX_HOME, which it refuses to under the temporary directory
+        home = self.home = Path(tempfile.mkdtemp(prefix="ralph-cli-home-", dir=Path.home()))
         self.server = ModelServer(brain).start()
         env = base_env()
         env.update(HOME=str(home), PATH=f"{AGENTS_BIN}:{SYSTEM_PATH}")
