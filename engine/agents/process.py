@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import open_beneath, read_nofollow
+from session_store import keep_bounded, open_beneath
 
 from .. import containment, supervisor
 from ..config import PromptMode
@@ -93,9 +93,10 @@ class CommandAgent:
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         # private (0600) and never through a link planted at these predictable names, or in
-        # place of a directory above them (the work area is the agents')
-        with open(open_beneath(work_dir, inv.log_base + ".stdout"), "wb") as out, \
-                open(open_beneath(work_dir, inv.log_base + ".stderr"), "wb") as err:
+        # place of a directory above them (the work area is the agents'); readable: read
+        # back bounded, from the very files the run wrote
+        with open(open_beneath(work_dir, inv.log_base + ".stdout", True), "r+b") as out, \
+                open(open_beneath(work_dir, inv.log_base + ".stderr", True), "r+b") as err:
             before = frozenset(containment.children())   # not the run's: kept out of it
             exited = threading.Event()
 
@@ -143,9 +144,9 @@ class CommandAgent:
                     outcome.left_behind = max(0, left - leader_ran)
                     containment.reap_orphans(proc.pid)
                     outcome.exit_code = held.release()
-        outcome.duration = time.monotonic() - started
-        outcome.stdout = _read_log(inv.log_base + ".stdout")
-        stderr = _read_log(inv.log_base + ".stderr")
+            outcome.duration = time.monotonic() - started
+            outcome.stdout = _bounded(work_dir, inv.log_base + ".stdout", out)
+            stderr = _bounded(work_dir, inv.log_base + ".stderr", err)
         outcome.stderr_tail = _last_line(stderr)
         outcome.report = self.preset.report(outcome.stdout)
         end = RunEnd(outcome.stdout, stderr, outcome.exit_code, inv.now())
@@ -202,11 +203,11 @@ class _Supervised:
         return self.proc.returncode if self._code is None else self._code
 
 
-def _read_log(path: str) -> str:
-    try:
-        return read_nofollow(path).decode("utf-8", errors="replace")
-    except OSError:   # replaced meanwhile (by a symlink, say): not read
-        return ""
+def _bounded(work_dir: str, path: str, log) -> str:
+    """A run's log as the presets read it: its head and its tail (MAX_LOG_BYTES at most),
+    kept so on disk too."""
+    log.flush()
+    return keep_bounded(work_dir, path, log.fileno()).decode("utf-8", errors="replace")
 
 
 def _last_line(text: str) -> str:
