@@ -23,7 +23,7 @@ from session_store import keep_bounded, open_beneath
 
 from .. import containment, supervisor
 from ..config import PromptMode
-from .preset import ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
+from .preset import ARG_LIMIT, PROMPT_FILE, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
 @dataclass(slots=True)
@@ -80,14 +80,14 @@ class CommandAgent:
         mode = self.preset.prompt_mode
         if mode is PromptMode.STDIN:
             stdin_data = inv.prompt.encode()
-        elif mode is PromptMode.ARG and len(inv.prompt.encode()) <= ARG_LIMIT:
+        elif mode is PromptMode.ARG and len(inv.prompt.encode()) <= ARG_LIMIT and \
+                inv.env.get("RALPH_SESSION_ID", "\0") not in inv.prompt:
             argv.append(inv.prompt)
-        elif mode is PromptMode.ARG:   # too long for one argument: point to its file
-            argv.append(f"Your instructions are in the file {inv.log_base}.prompt.md: "
-                        f"read all of it and follow it.")
-        else:
-            argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
-        env = {**inv.env, **self.preset.env(setup)}
+        elif mode is PromptMode.ARG:   # too long for one argument, or it names the session
+            # (a path in an event): point to its file (any local user reads a command line)
+            argv.append(f"Your instructions are in the file ${PROMPT_FILE} names (an "
+                        f"environment variable): read all of it and follow it.")
+        env = {**inv.env, **self.preset.env(setup), PROMPT_FILE: inv.log_base + ".prompt.md"}
         for name in self.preset.unset(setup):
             env.pop(name, None)
         started = time.monotonic()
@@ -103,10 +103,15 @@ class CommandAgent:
             def agent_exited():
                 exited.set()
                 wakeup.set()
+            passed = None
+            if mode is PromptMode.FILE:   # a file of its own, open at a number: the path of
+                # the one the engine keeps holds the session's id, and any user reads argv
+                passed = _prompt_file(inv.prompt)
+                argv.append(f"/dev/fd/{passed}")
             try:
                 held = _Supervised(argv, inv.cwd, env, out, err, agent_exited,
                                    stdin=subprocess.DEVNULL if stdin_data is None else
-                                   subprocess.PIPE)
+                                   subprocess.PIPE, passed=passed)
             except OSError as e:   # no process to be had (EAGAIN, ENOMEM)
                 inv.ended()
                 try:
@@ -160,14 +165,15 @@ class _Supervised:
     of the supervisor's lifeline, and the agent's exit code it tells."""
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], out, err,
-                 agent_exited: Callable[[], None], stdin):
+                 agent_exited: Callable[[], None], stdin, passed: int | None = None):
         lifeline, self._lifeline = os.pipe()
         self._status, told = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                supervisor.command(lifeline, told, cwd, argv), cwd=supervisor.HOME, env=env,
-                stdin=stdin, stdout=out, stderr=err, start_new_session=True,
-                pass_fds=(lifeline, told))
+                supervisor.command(lifeline, told, passed, argv), cwd=supervisor.HOME,
+                env={**env, supervisor.CWD: cwd}, stdin=stdin, stdout=out, stderr=err,
+                start_new_session=True,
+                pass_fds=(lifeline, told, *(() if passed is None else (passed,))))
         except OSError:
             os.close(self._lifeline)
             os.close(self._status)
@@ -175,6 +181,8 @@ class _Supervised:
         finally:
             os.close(lifeline)
             os.close(told)
+            if passed is not None:
+                os.close(passed)
         self._code: int | None = None
         self._reader = threading.Thread(target=self._read_status, args=(agent_exited,),
                                         daemon=True)
@@ -208,6 +216,17 @@ def _bounded(work_dir: str, path: str, log) -> str:
     kept so on disk too."""
     log.flush()
     return keep_bounded(work_dir, path, log.fileno()).decode("utf-8", errors="replace")
+
+
+def _prompt_file(prompt: str) -> int:
+    """The prompt in an anonymous file (no path: nothing to plant a link at), read from
+    its start."""
+    fd = os.memfd_create("ralph-prompt.md", os.MFD_CLOEXEC)
+    view = memoryview(prompt.encode())
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _last_line(text: str) -> str:
