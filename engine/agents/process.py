@@ -1,8 +1,10 @@
 """An agent run as a process: started, watched, and stopped whole.
 
 The engine reads what an agent *said* from the event bus; this only runs the process:
-the prompt on stdin, as an argument or as a file, stdout/stderr kept in the iteration's
-logs/, a timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
+the prompt on stdin, as an argument or as a file (open at a number: `/dev/fd/N`; no
+session id is ever in a run's command line, which any local user reads), stdout/stderr
+kept in the iteration's logs/ and read back bounded (session_store/_runlog.py), a
+timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
 over, for whatever reason, its end is announced first (the engine then takes no more
 events from it), and then every process it started is stopped (containment). The agent
 runs under the run's supervisor (engine/supervisor.py), which tells its exit code and
