@@ -1,4 +1,4 @@
-"""Bench 17: what confinement costs a run (engine/agents/sandbox.py).
+"""Bench 18: what confinement costs a run (engine/agents/sandbox.py).
 
 One agent run as the engine makes it (`CommandAgent.run`: the supervisor, the logs, the
 run's containment at its end) of a program that does nothing (`true`), confined in
@@ -46,15 +46,15 @@ def run(base: str, runs: int = 30) -> list[Row]:
     from engine.agents import demo_argv
     ws = tempfile.mkdtemp(prefix="sandbox-", dir=base)
     box = sb.find(hidden=(os.environ.get("RALPH_STATE_DIR", ""),))
-    say(f"17 sandbox: {runs} runs of `true`, confined and not")
+    say(f"18 sandbox: {runs} runs of `true`, confined and not")
     confined, plain = _pair(ws, box, ["true"], runs)
-    say(f"17 sandbox: {runs // 3 or 1} runs of the demo agent, confined and not")
+    say(f"18 sandbox: {runs // 3 or 1} runs of the demo agent, confined and not")
     demo_confined, demo_plain = _pair(ws, box, [*demo_argv(None), "--help"], runs // 3 or 1)
     return [
-        Row("17 sandbox", f"one run of `true` in ralph's sandbox (bubblewrap), median of "
+        Row("18 sandbox", f"one run of `true` in ralph's sandbox (bubblewrap), median of "
             f"{runs}", ms(confined), ms(plain), ratio(confined, plain),
             f"the sandbox costs {ms(confined - plain)} a run (aim <= 50 ms)"),
-        Row("17 sandbox", "one run of the demo agent (a Python program) in the sandbox",
+        Row("18 sandbox", "one run of the demo agent (a Python program) in the sandbox",
             ms(demo_confined), ms(demo_plain), ratio(demo_confined, demo_plain),
             f"+{ms(demo_confined - demo_plain)}; {sys.version.split()[0]}"),
     ]

@@ -1,12 +1,15 @@
 """The supervisor of one agent run: between the engine and the agent's CLI, so that no
 process of the run outlives its engine.
 
-    python -m engine.supervisor LIFELINE_FD STATUS_FD CWD -- AGENT_ARGV...
+    RALPH_RUN_CWD=CWD python -m engine.supervisor LIFELINE_FD STATUS_FD PASS_FD -- AGENT_ARGV...
 
 It names itself `ralph-run` (what `containment.agent_run_of` looks for among a process's
 ancestors), becomes the child subreaper of the run (a command started with `setsid` or
 double-forked is reparented to it, not to init), and starts the agent in CWD with its own
-stdin, stdout, stderr and environment (the run's marks). It writes the agent's exit code
+stdin, stdout, stderr and environment (the run's marks), and PASS_FD open at its number
+(the prompt, in `prompt_mode: file`; `-`: none). CWD comes in the environment, not the
+command line (a lane's worktree path holds the session's id, and any local user reads a
+command line), and leaves it before the agent starts. It writes the agent's exit code
 (a subprocess returncode: -N for signal N) on STATUS_FD as one line when the agent exits,
 and keeps reaping what the run leaves until the engine lets it go: the engine holds the
 only write end of LIFELINE_FD, so end of file there means the engine is gone, at once,
@@ -26,16 +29,19 @@ import sys
 
 from . import containment
 
-USAGE = "usage: python -m engine.supervisor LIFELINE_FD STATUS_FD CWD -- AGENT_ARGV..."
+USAGE = "usage: RALPH_RUN_CWD=CWD python -m engine.supervisor LIFELINE_FD STATUS_FD PASS_FD " \
+        "-- AGENT_ARGV..."
+CWD = "RALPH_RUN_CWD"
 _PR_SET_NAME = 15
 _PR_SET_PDEATHSIG = 1
 _STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def command(lifeline: int, status: int, cwd: str, argv: list[str]) -> list[str]:
-    """The supervisor's command line for an agent run (start it in `HOME`)."""
+def command(lifeline: int, status: int, passed: int | None, argv: list[str]) -> list[str]:
+    """The supervisor's command line for an agent run (start it in `HOME`, with the
+    agent's directory as CWD in its environment)."""
     return [sys.executable, "-E", "-S", "-m", "engine.supervisor", str(lifeline), str(status),
-            cwd, "--", *argv]
+            "-" if passed is None else str(passed), "--", *argv]
 
 
 # where the supervisor starts: `-m` puts the current directory first on sys.path (this
@@ -53,8 +59,10 @@ def _die_with_supervisor() -> None:
 class Run:
     """One run, supervised: the agent started, its exit told, the run stopped at the end."""
 
-    def __init__(self, lifeline: int, status: int, cwd: str, argv: list[str]):
+    def __init__(self, lifeline: int, status: int, cwd: str, argv: list[str],
+                 passed: int | None = None):
         self.lifeline, self.status, self.cwd, self.argv = lifeline, status, cwd, argv
+        self.passed = passed
         self.agent: subprocess.Popen | None = None   # kept: a Popen collected reaps
         self.code: int | None = None       # the agent's returncode, once it exited
         self.stop_why: str | None = None
@@ -86,7 +94,8 @@ class Run:
     def _start(self) -> None:
         try:
             self.agent = subprocess.Popen(self.argv, cwd=self.cwd, start_new_session=True,
-                                          preexec_fn=_die_with_supervisor)
+                                          preexec_fn=_die_with_supervisor,
+                                          pass_fds=() if self.passed is None else (self.passed,))
         except OSError as e:
             missing = " (not installed?)" if isinstance(e, FileNotFoundError) else ""
             _say(f"ralph: cannot start {self.argv[0]}: {e.strerror}{missing}")
@@ -95,6 +104,8 @@ class Run:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.close(null)
+            if self.passed is not None:   # the agent's alone, as its stdin
+                os.close(self.passed)
 
     def _reap(self) -> None:
         """Collect every child that ended: the agent, and orphans of the run adopted."""
@@ -148,13 +159,14 @@ def _say(line: str) -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        lifeline, status, cwd, dashes, *agent = argv
+        lifeline, status, passed, dashes, *agent = argv
+        cwd = os.environ.pop(CWD)
         if dashes != "--" or not agent:
             raise ValueError
-        run = Run(int(lifeline), int(status), cwd, agent)
-        for fd in (run.lifeline, run.status):
+        run = Run(int(lifeline), int(status), cwd, agent, None if passed == "-" else int(passed))
+        for fd in (run.lifeline, run.status, *(() if run.passed is None else (run.passed,))):
             os.fstat(fd)
-    except ValueError:
+    except (ValueError, KeyError):
         print(USAGE, file=sys.stderr)
         return 2
     except OSError as e:

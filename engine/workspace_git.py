@@ -1,12 +1,11 @@
 """git in a git workspace (`git: {commits: true}`): the session's own branch, one commit
 per task that reaches [x], and what a session changed.
 
-git runs here as the engine, in a repository agents can write (.git/config,
-.gitattributes, hooks): so never through a shell, always with a timeout, without the
-caller's GIT_* variables, and with hooks, fsmonitor, signing and every configured filter
-driver switched off, so that nothing an agent wrote there runs as the engine. The work
-area (`work_root`) is never staged nor counted as a change, whatever an agent did to the
-.gitignore kept there.
+git runs here as the engine, in a repository agents can write: so never through a
+shell, always with a timeout, and with every config key that makes git run a program, or
+work elsewhere, neutralised for each call (engine/git_config.py says how, key by key).
+The work area (`work_root`) is never staged nor counted as a change, whatever an agent
+did to the .gitignore kept there.
 """
 from __future__ import annotations
 
@@ -18,15 +17,15 @@ from typing import NamedTuple
 from session_store import BadInput, GitInfo, PauseKind, PlannedTask, Session, work_root
 from states import Next, Trigger
 
+from .git_config import a_repository, config_env, environment, overrides, work_tree_top
+
 BRANCH_PREFIX = "ralph/"
 LANE_PREFIX = "ralph-lane/"   # a parallel task's branch: ralph-lane/<session>/<task>
 TIMEOUT_SECONDS = 120
 TRAILERS = ("Ralph-Session", "Ralph-Iteration", "Ralph-Task")
 SHOWN_PATHS = 3   # the dirty paths a refusal names
 RECORDED_FILES = 100   # the paths a git.commit record lists (the commit has them all)
-# what runs code from config an agent can write: off, whatever the repository says
-SAFE_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "commit.gpgSign=false",
-               "gc.auto=0", "maintenance.auto=false")
+
 
 
 class GitError(Exception):
@@ -52,14 +51,9 @@ def in_work_tree(workspace: str) -> bool:
         if parent == path:
             return False
         path = parent
-        if _a_repository(os.path.join(path, ".git")):
+        if a_repository(os.path.join(path, ".git")):
             return True
 
-
-def _a_repository(dot_git: str) -> bool:
-    """A `.git` above the workspace that is a repository's (a gitdir file, or a directory
-    with a HEAD): an empty `.git` left in /tmp makes no workspace a git one."""
-    return os.path.isfile(dot_git) or os.path.isfile(os.path.join(dot_git, "HEAD"))
 
 
 class WorkspaceGit:
@@ -69,6 +63,7 @@ class WorkspaceGit:
         self.workspace = os.path.abspath(workspace)
         self._work_area = os.path.relpath(work_root(workspace), self.workspace)
         self._exe = shutil.which("git")
+        self._top = work_tree_top(self.workspace)
 
     # --- running git ---
 
@@ -78,11 +73,13 @@ class WorkspaceGit:
         if self._exe is None:
             raise GitError("the workspace is in a git work tree but git is not installed; "
                            "install it, or set git.commits: false")
-        argv = [self._exe, "--no-pager", *args] if reading_config else [
-            self._exe, "--no-pager", *self._safe(), *(self._identity() if identity else ()),
-            *args]
+        argv, env = [self._exe, "--no-pager", *args], environment()
+        if not reading_config:
+            # the work tree is the workspace's, whatever `core.worktree` says
+            argv[2:2] = [f"--work-tree={self._top}"] if self._top else []
+            env.update(config_env([*self._safe(), *(self._identity() if identity else ())]))
         try:
-            done = subprocess.run(argv, cwd=self.workspace, env=_environment(), input=input,
+            done = subprocess.run(argv, cwd=self.workspace, env=env, input=input,
                                   capture_output=True, text=True, errors="surrogateescape",
                                   timeout=TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
@@ -94,23 +91,18 @@ class WorkspaceGit:
             raise GitError(f"git {args[0]} failed: {why[-1] if why else f'exit {done.returncode}'}")
         return done
 
-    def _safe(self) -> list[str]:
-        """The overrides, read anew for every call (an agent may add a filter driver at
-        any time): a driver's clean/smudge/process commands run on every add and checkout,
-        so each configured driver gets empty ones (no command runs)."""
-        names = self.run("config", "--name-only", "--get-regexp", r"^filter\.", check=False,
-                         reading_config=True)
-        drivers = sorted({n.rsplit(".", 1)[0] for n in names.stdout.split()})
-        overrides = [*SAFE_CONFIG, *(f"{d}.{k}=" for d in drivers
-                                     for k in ("clean", "smudge", "process")),
-                     *(f"{d}.required=false" for d in drivers)]
-        return [arg for o in overrides for arg in ("-c", o)]
+    def _safe(self) -> list[tuple[str, str]]:
+        """The overrides, read anew for every call: an agent may add a driver at any time
+        (a filter's commands run on every add and checkout, a merge driver's in a merge)."""
+        names = self.run("config", "--null", "--name-only", "--get-regexp",
+                         r"^(filter|merge)\..*\.", check=False, reading_config=True)
+        return overrides(names.stdout.split("\0"), self._exe or "git")
 
-    def _identity(self) -> list[str]:
+    def _identity(self) -> list[tuple[str, str]]:
         """A commit needs an author: the user's, else ralph's (a machine with none set)."""
         has = [self.run("config", key, check=False, reading_config=True).stdout.strip()
                for key in ("user.name", "user.email")]
-        return [] if all(has) else ["-c", "user.name=ralph", "-c", "user.email=ralph@localhost"]
+        return [] if all(has) else [("user.name", "ralph"), ("user.email", "ralph@localhost")]
 
     def _outside_work_area(self) -> list[str]:
         return ["--", ".", f":(exclude){self._work_area}"]
@@ -393,11 +385,3 @@ def commit_record(session: Session, wanted) -> dict | None:
     return session.last_event(lambda r: r["topic"] == "git.commit"
                               and r.get("source") == "engine"
                               and isinstance(r["payload"], dict) and wanted(r["payload"]))
-
-
-def _environment() -> dict:
-    """The engine's environment without GIT_* (an agent's, or a caller's, could point git
-    at another repository, index or config) and without a terminal prompt."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    return env

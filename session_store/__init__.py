@@ -34,6 +34,7 @@ _WHERE = {
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",
     "TaskCounts": "_metadata", "LimitWait": "_metadata", "GitInfo": "_metadata",
     "InterruptedRun": "_metadata",
+    "keep_bounded": "_runlog", "MAX_LOG_BYTES": "_runlog",
     "write_atomic": "_atomic", "make_dirs": "_atomic", "read_nofollow": "_atomic",
     "parse_yaml": "_schema", "dump_yaml": "_schema", "dump_plain": "_schema", "shown": "_schema",
     "structure": "_codec", "unstructure": "_codec", "structure_each": "_codec",

@@ -124,25 +124,27 @@ class WorkArea:
             fd = child
         return fd
 
-    def open_file(self, path: str) -> int:
+    def open_file(self, path: str, readable: bool = False) -> int:
         """Open `path`, a file of this work area, for writing from its start (private, made
-        when missing), every directory on the way walked without following a link: an
-        agent that swaps `logs/` for a link does not make the engine write there."""
+        when missing; `readable`: for reading too), every directory on the way walked
+        without following a link: an agent that swaps `logs/` for a link does not make the
+        engine write there."""
         rel = os.path.relpath(path, self.path)
         if rel.startswith(".."):
             raise ValueError(f"{path} is not under {self.path}")
         folder, name = os.path.split(rel)
+        access = os.O_RDWR if readable else os.O_WRONLY
         fd = self.dir_fd(folder)
         try:
             with disk(path):
                 try:
-                    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                    return os.open(name, access | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                                    | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                         raise
                     _set_aside(fd, name)   # a link, a FIFO, a directory planted at the name
-                    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                    return os.open(name, access | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                                    FILE_MODE, dir_fd=fd)
         finally:
             os.close(fd)
@@ -215,12 +217,12 @@ class WorkArea:
             os.close(fd)
 
 
-def open_beneath(root: str, path: str) -> int:
+def open_beneath(root: str, path: str, readable: bool = False) -> int:
     """`WorkArea(root).open_file(path)`, for a caller that holds no work area (a run's
     process, which opens its logs once)."""
     work = WorkArea(root)
     try:
-        return work.open_file(path)
+        return work.open_file(path, readable)
     finally:
         work.close()
 

@@ -241,6 +241,6 @@ def test_a_sandboxed_cli_in_a_worktree_may_write_the_work_area_too():
     lane = RunSetup(log_base=f"{work}/logs/1-executor", work_dir=work, ask_timeout_seconds=60,
                     tree="/state/worktrees/s/t1")
     argv = Codex().argv([], lane)
-    assert argv[argv.index("--add-dir") + 1] == work
+    assert argv[argv.index("--add-dir") + 1] == "/ws/.ralph-sessions"   # no session id
     home = RunSetup(log_base=f"{work}/logs/1-executor", work_dir=work, ask_timeout_seconds=60)
     assert "--add-dir" not in Codex().argv([], home)

@@ -16,6 +16,7 @@ from session_store import open_beneath
 from ..config import PromptMode
 
 ARG_LIMIT = 100_000   # bytes; Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN)
+PROMPT_FILE = "RALPH_PROMPT_FILE"   # every run's environment: the file its prompt is in
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,13 +86,12 @@ class Claude(Preset):
     def argv(self, extra: list[str], setup: RunSetup) -> list[str]:
         argv = [self.program, *self.args, *resume_args("--resume", setup), *extra]
         if setup.mcp is not None:
-            # its tools allowed by name, like Bash; the config in a file of the run's logs
-            config = setup.log_base + ".mcp.json"
-            write_private(setup.work_dir, config, json.dumps({"mcpServers": {"ralph": {
-                "type": "stdio", "command": setup.mcp.command, "args": setup.mcp.args,
-                "env": setup.mcp.env}}}))
+            # its tools allowed by name, like Bash; the server's environment taken from
+            # the CLI's own (`${NAME}`, which it expands): the session's id never in argv
             argv[argv.index("Bash")] = "Bash mcp__ralph"
-            argv += ["--mcp-config", config]
+            argv += ["--mcp-config", json.dumps({"mcpServers": {"ralph": {
+                "type": "stdio", "command": setup.mcp.command, "args": setup.mcp.args,
+                "env": {name: "${" + name + "}" for name in setup.mcp.env}}}})]
         return argv + claude_settings(setup.approve)
 
     def env(self, setup: RunSetup) -> dict[str, str]:
@@ -198,18 +197,21 @@ class Codex(Preset):
         wiring = []
         if setup.mcp is not None:
             server = "mcp_servers.ralph."
-            env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in setup.mcp.env.items())
+            # the server's environment passed on by name from the CLI's own: the
+            # session's id never in argv
             for key, value in (("command", json.dumps(setup.mcp.command)),
                                ("args", json.dumps(setup.mcp.args)),
-                               ("env", "{" + env + "}"),
+                               ("env_vars", json.dumps(sorted(setup.mcp.env))),
                                ("tool_timeout_sec", str(setup.tool_wait_seconds)),
                                # the first turn waits for its tools (it starts in ~1 s)
                                ("required", "true"), ("startup_timeout_sec", "60"),
                                # its calls need no approval (exec's policy is `never`)
                                ("default_tools_approval_mode", '"approve"')):
                 wiring += ["-c", f"{server}{key}={value}"]
-        if setup.tree is not None:   # its sandbox lets the tools write the work area too
-            wiring += ["--add-dir", setup.work_dir]
+        if setup.tree is not None:   # its sandbox lets the tools write the work area too:
+            # the workspace's work root (its name holds no session id), as a run in the
+            # workspace may
+            wiring += ["--add-dir", os.path.dirname(setup.work_dir)]
         # after the user's flags, whose `-c` would override it
         hook = codex_hook(setup.approve) if setup.approve is not None else []
         # `resume` takes exec's flags before it (it refuses --sandbox and --color after)

@@ -1,8 +1,10 @@
 """An agent run as a process: started, watched, and stopped whole.
 
 The engine reads what an agent *said* from the event bus; this only runs the process:
-the prompt on stdin, as an argument or as a file, stdout/stderr kept in the iteration's
-logs/, a timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
+the prompt on stdin, as an argument or as a file (open at a number: `/dev/fd/N`; no
+session id is ever in a run's command line, which any local user reads), stdout/stderr
+kept in the iteration's logs/ and read back bounded (session_store/_runlog.py), a
+timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
 over, for whatever reason, its end is announced first (the engine then takes no more
 events from it), and then every process it started is stopped (containment). The agent
 runs under the run's supervisor (engine/supervisor.py), which tells its exit code and
@@ -19,12 +21,12 @@ from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import open_beneath, read_nofollow
+from session_store import keep_bounded, open_beneath
 
 from .. import containment, procfs, supervisor
 from ..config import PromptMode
 from .sandbox import Sandbox
-from .preset import ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
+from .preset import ARG_LIMIT, PROMPT_FILE, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
 
 
 @dataclass(slots=True)
@@ -83,14 +85,14 @@ class CommandAgent:
         mode = self.preset.prompt_mode
         if mode is PromptMode.STDIN:
             stdin_data = inv.prompt.encode()
-        elif mode is PromptMode.ARG and len(inv.prompt.encode()) <= ARG_LIMIT:
+        elif mode is PromptMode.ARG and len(inv.prompt.encode()) <= ARG_LIMIT and \
+                inv.env.get("RALPH_SESSION_ID", "\0") not in inv.prompt:
             argv.append(inv.prompt)
-        elif mode is PromptMode.ARG:   # too long for one argument: point to its file
-            argv.append(f"Your instructions are in the file {inv.log_base}.prompt.md: "
-                        f"read all of it and follow it.")
-        else:
-            argv.append(inv.log_base + ".prompt.md")  # the engine keeps every prompt there
-        env = {**inv.env, **self.preset.env(setup)}
+        elif mode is PromptMode.ARG:   # too long for one argument, or it names the session
+            # (a path in an event): point to its file (any local user reads a command line)
+            argv.append(f"Your instructions are in the file ${PROMPT_FILE} names (an "
+                        f"environment variable): read all of it and follow it.")
+        env = {**inv.env, **self.preset.env(setup), PROMPT_FILE: inv.log_base + ".prompt.md"}
         for name in self.preset.unset(setup):
             env.pop(name, None)
         confine = None
@@ -104,19 +106,25 @@ class CommandAgent:
         started = time.monotonic()
         wakeup = wakeup or threading.Event()
         # private (0600) and never through a link planted at these predictable names, or in
-        # place of a directory above them (the work area is the agents')
-        with open(open_beneath(work_dir, inv.log_base + ".stdout"), "wb") as out, \
-                open(open_beneath(work_dir, inv.log_base + ".stderr"), "wb") as err:
+        # place of a directory above them (the work area is the agents'); readable: read
+        # back bounded, from the very files the run wrote
+        with open(open_beneath(work_dir, inv.log_base + ".stdout", True), "r+b") as out, \
+                open(open_beneath(work_dir, inv.log_base + ".stderr", True), "r+b") as err:
             before = frozenset(containment.children())   # not the run's: kept out of it
             exited = threading.Event()
 
             def agent_exited():
                 exited.set()
                 wakeup.set()
+            passed = None
+            if mode is PromptMode.FILE:   # a file of its own, open at a number: the path of
+                # the one the engine keeps holds the session's id, and any user reads argv
+                passed = _prompt_file(inv.prompt)
+                argv.append(f"/dev/fd/{passed}")
             try:
                 held = _Supervised(argv, inv.cwd, env, out, err, agent_exited,
                                    stdin=subprocess.DEVNULL if stdin_data is None else
-                                   subprocess.PIPE, confine=confine)
+                                   subprocess.PIPE, passed=passed, confine=confine)
             except OSError as e:   # no process to be had (EAGAIN, ENOMEM)
                 inv.ended()
                 try:
@@ -154,9 +162,9 @@ class CommandAgent:
                     outcome.left_behind = max(0, left - leader_ran)
                     containment.reap_orphans(proc.pid)
                     outcome.exit_code = held.release()
-        outcome.duration = time.monotonic() - started
-        outcome.stdout = _read_log(inv.log_base + ".stdout")
-        stderr = _read_log(inv.log_base + ".stderr")
+            outcome.duration = time.monotonic() - started
+            outcome.stdout = _bounded(work_dir, inv.log_base + ".stdout", out)
+            stderr = _bounded(work_dir, inv.log_base + ".stderr", err)
         outcome.stderr_tail = _last_line(stderr)
         outcome.report = self.preset.report(outcome.stdout)
         end = RunEnd(outcome.stdout, stderr, outcome.exit_code, inv.now())
@@ -170,16 +178,17 @@ class _Supervised:
     of the supervisor's lifeline, and the agent's exit code it tells."""
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], out, err,
-                 agent_exited: Callable[[], None], stdin,
+                 agent_exited: Callable[[], None], stdin, passed: int | None = None,
                  confine: Callable[[list[str]], list[str]] | None = None):
         lifeline, self._lifeline = os.pipe()
         self._status, told = os.pipe()
-        command = supervisor.command(lifeline, told, cwd, argv)
+        command = supervisor.command(lifeline, told, passed, argv)
         try:
             self.proc = subprocess.Popen(
-                confine(command) if confine else command, cwd=supervisor.HOME, env=env,
-                stdin=stdin, stdout=out, stderr=err, start_new_session=True,
-                pass_fds=(lifeline, told))
+                confine(command) if confine else command, cwd=supervisor.HOME,
+                env={**env, supervisor.CWD: cwd}, stdin=stdin, stdout=out, stderr=err,
+                start_new_session=True,
+                pass_fds=(lifeline, told, *(() if passed is None else (passed,))))
         except OSError:
             os.close(self._lifeline)
             os.close(self._status)
@@ -187,6 +196,8 @@ class _Supervised:
         finally:
             os.close(lifeline)
             os.close(told)
+            if passed is not None:
+                os.close(passed)
         self._code: int | None = None
         self._reader = threading.Thread(target=self._read_status, args=(agent_exited,),
                                         daemon=True)
@@ -226,11 +237,22 @@ class _Supervised:
         return self.proc.returncode if self._code is None else self._code
 
 
-def _read_log(path: str) -> str:
-    try:
-        return read_nofollow(path).decode("utf-8", errors="replace")
-    except OSError:   # replaced meanwhile (by a symlink, say): not read
-        return ""
+def _bounded(work_dir: str, path: str, log) -> str:
+    """A run's log as the presets read it: its head and its tail (MAX_LOG_BYTES at most),
+    kept so on disk too."""
+    log.flush()
+    return keep_bounded(work_dir, path, log.fileno()).decode("utf-8", errors="replace")
+
+
+def _prompt_file(prompt: str) -> int:
+    """The prompt in an anonymous file (no path: nothing to plant a link at), read from
+    its start."""
+    fd = os.memfd_create("ralph-prompt.md", os.MFD_CLOEXEC)
+    view = memoryview(prompt.encode())
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _last_line(text: str) -> str:
