@@ -251,8 +251,11 @@ def session(tmp_path: Path, ws: Path, lines: dict[str, int], plant: str,
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT)
     config = tmp_path / "ralph.yml"
+    # the human's config (outside the workspace) lets runs write .git, which the sandbox
+    # otherwise shows them read-only: what the engine's git calls must withstand anyway
     config.write_text(yaml.safe_dump({
-        "agent": {"backend": "command", "command": [sys.executable, str(agent)]},
+        "agent": {"backend": "command", "command": [sys.executable, str(agent)],
+                  "writable": [str(ws / ".git")]},
         "event_loop": {"parallel": parallel}, "RObot": {"timeout_seconds": 5}}))
     spec = {"lines": lines, "planter": next(iter(lines)), "plant": plant,
             "evidence": EVIDENCE, "review": REVIEW_OK}
