@@ -25,7 +25,7 @@ from typing import Callable
 
 
 from session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
-                           Session, signals)
+                           Session)
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
@@ -209,9 +209,10 @@ class AgentRunner:
             containment.RUN_MARK: os.path.basename(files.base)})
         shown: tuple[str, ...] = ()   # of the control plane, what the sandbox shows read-only
         if self.session.mailbox_dir is not None:
-            # a poll's quick look at what waits (the rest of the control plane is hidden)
+            # its own session's, read-only (a poll's quick look, `ralph mcp`'s status and
+            # plan); the rest of the state directory is hidden
             env["RALPH_CONTROL_DIR"] = self.session.mailbox_dir
-            shown = (signals.dirs(self.session.mailbox_dir)[0],)
+            shown = (self.session.mailbox_dir,)
         if len(self._ralph) == 1:   # a plain `ralph` works too, where PATH holds
             env["PATH"] = os.path.dirname(self._ralph[0]) + os.pathsep + env.get("PATH", "")
         if task:
