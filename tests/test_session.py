@@ -353,7 +353,7 @@ def test_the_demo_says_so_and_keeps_its_files_apart(workspace):
     # a configured agent is not the demo: not a word about it
     write_config(workspace, {"agent": {"backend": "command",
                                        "command": ["sh", "-c", "echo LOOP_COMPLETE"]}})
-    r = ralph(workspace, "session", "start", "obj", "--id", "c")
+    r = ralph(workspace, "session", "start", "obj", "--id", "c", "--accept-config")
     assert r.returncode == 0 and "demo agent" not in r.stdout + r.stderr, r.stderr
 
 
