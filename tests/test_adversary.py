@@ -94,7 +94,8 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     write_config(workspace, {"agent": {"backend": "demo"}})
     r = ralph(workspace, "session", "start", "again", "--id", "h3", env=base_env(**FAST))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "what it runs changed since session h started: $.agent.backend" in r.stderr
+    assert "what it runs changed since session h started: $.agent.backend is now " \
+        "\"demo\" (was \"command\") (also $.agent.command)" in r.stderr, r.stderr
     r = ralph(workspace, "session", "start", "again", "--id", "h3", "--accept-config",
               env=base_env(**FAST))
     assert r.returncode == 0, r.stderr

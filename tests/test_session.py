@@ -142,7 +142,8 @@ def test_prompt_as_argument_and_as_file(workspace):
             """))
         write_config(workspace, {"agent": {"backend": "command", "prompt_mode": mode,
                                            "command": [sys.executable, str(agent)]}})
-        r = ralph(workspace, "session", "start", "obj", "--id", f"mode-{mode}")
+        r = ralph(workspace, "session", "start", "obj", "--id", f"mode-{mode}",
+                  "--accept-config")   # the second: another agent than the first's
         assert r.returncode == 0, r.stdout + r.stderr
 
 

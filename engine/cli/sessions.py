@@ -70,19 +70,21 @@ def cmd_start(args) -> int:
 
 def _check_pinned(config, config_path: str | None, args) -> None:
     """A config in the workspace (agents can rewrite it) that runs other programs than the
-    workspace's newest session started with (config.programs: the agents' commands, the
-    hooks) is refused in one line, unless the human adopts it: --accept-config, or a yes
-    at a terminal. Adopted, it is said so."""
+    workspace's newest session started with (config_started.programs: the agents'
+    commands, the hooks) is refused in one line, unless the human adopts it:
+    --accept-config, or a yes at a terminal. Adopted, it is said so."""
     from ..config_started import unpinned
     found = unpinned(config, workspace(args), config_path, human_backend=bool(args.agent))
     if found is None:
         return
-    if args.accept_config or (sys.stdin.isatty() and sys.stderr.isatty()):
+    at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+    if args.accept_config or at_terminal:
         human_only("session start --accept-config")   # an agent's yes is no human's
-    if not (args.accept_config or _said_yes(found, config_path)):
+    if not (args.accept_config or (at_terminal and _said_yes(found, config_path))):
+        others = [path for path, _, _ in found.changes[1:]]
         raise bad(f"{config_path}: what it runs changed since session {found.session_id} "
                   f"started: {found.lines()[0]}"
-                  + (f" (and {len(found.changes) - 1} more)" if len(found.changes) > 1 else "")
+                  + (f" (also {', '.join(others)})" if others else "")
                   + "; agents can rewrite this file: check it, then adopt it with "
                     "`ralph session start --accept-config ...` (or give a config outside the "
                     "workspace with -c)")
@@ -91,9 +93,7 @@ def _check_pinned(config, config_path: str | None, args) -> None:
 
 
 def _said_yes(found, config_path: str) -> bool:
-    """At a terminal (stdin and stderr): the changes, and the human's yes or no."""
-    if not (sys.stdin.isatty() and sys.stderr.isatty()):
-        return False
+    """The changes shown at the terminal, one a line, and the human's yes or no."""
     print(f"ralph: {config_path} runs other programs than session {found.session_id} "
           f"started with, and agents can rewrite it:", file=sys.stderr)
     for line in found.lines():
