@@ -154,6 +154,46 @@ def test_the_agent_flag_is_the_humans_not_the_files(workspace):
     assert "changed since" not in r.stderr and "adopted" not in r.stderr, r.stderr
 
 
+SELF_ADOPTING = """\
+import json, os, subprocess, sys
+ws = os.environ["RALPH_WORKSPACE"]
+def ralph(*args):
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+if os.environ["RALPH_ROLE"] == "planner":
+    with open(os.path.join(ws, "ralph.yml"), "a") as f:
+        f.write(%r)
+    r = ralph("session", "start", "mine", "--id", "evil", "--accept-config")
+    with open(os.path.join(ws, "nested.json"), "w") as f:
+        json.dump({"code": r.returncode, "stderr": r.stderr}, f)
+    ralph("emit", "LOOP_COMPLETE")
+"""
+
+
+def test_an_agent_cannot_adopt_its_own_rewrite(workspace):
+    """The attack: the agent appends a hook to ralph.yml and starts a session of its own
+    with --accept-config, so that the newest session (what the human's next start is
+    compared with) has its hook. Refused inside a run as the humans' verbs are; the
+    human's next start still refuses the hook."""
+    import json
+    marker = workspace.parent / "hook-ran"
+    agent = workspace / "agent.py"
+    hook = f"hooks:\n  post.session.start:\n  - command: {json.dumps(touching(marker))}\n"
+    agent.write_text(SELF_ADOPTING % hook)
+    write_config(workspace, {"agent": {"backend": "command",
+                                       "command": [sys.executable, str(agent)]}})
+    env = base_env(**FAST)
+    r = ralph(workspace, "session", "start", "obj", "--id", "s1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    nested = json.loads((workspace / "nested.json").read_text())
+    assert nested["code"] == 2, nested
+    assert "session start --accept-config: refused inside " in nested["stderr"], nested
+    assert ids(workspace, env) == ["s1"] and not marker.exists()
+    r = ralph(workspace, "session", "start", "next", "--id", "s2", env=env)
+    assert r.returncode == 2 and "$.hooks['post.session.start'] is now" in r.stderr, r.stderr
+    assert not marker.exists()
+
+
 def at_a_terminal(ws: Path, answer: str, *args) -> tuple[int, str]:
     """`ralph session start ARGS` with stdin and stderr on a terminal (a pty) where
     `answer` is typed once it asks: (exit code, what the terminal showed)."""
@@ -311,3 +351,34 @@ def test_a_fresh_state_directory_is_made_private_and_a_plain_one_is_taken(worksp
     plain.chmod(0o755)
     r = ralph(workspace, "session", "start", "x", "--id", "s2", env=state_env(plain))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_on_a_fleets_store_too(tmp_path, postgres_url):
+    """On a PostgreSQL store: what a workspace's ralph.yml runs is compared with the
+    newest session of that workspace on this machine (the store lists the fleet's), and
+    the local state directory is checked as with files."""
+    def machine(name: str) -> tuple[Path, dict]:
+        ws = tmp_path / name / "ws"
+        ws.mkdir(parents=True)
+        return ws, base_env(**FAST, RALPH_STORE_URL=postgres_url,
+                            RALPH_STATE_DIR=tmp_path / name / "state", RALPH_MACHINE=name)
+    (ws_a, env_a), (ws_b, env_b) = machine("a"), machine("b")
+    demo_config(ws_a, STEPS)
+    assert ralph(ws_a, "session", "start", "x", "--id", "s1", env=env_a).returncode == 0
+    marker = tmp_path / "hook-ran"
+    hooks = {"hooks": {"post.session.start": [{"command": touching(marker)}]}}
+    demo_config(ws_b, STEPS, hooks)   # another workspace's first session: its own
+    r = ralph(ws_b, "session", "start", "x", "--id", "s2", env=env_b)
+    assert r.returncode == 0 and "adopted" not in r.stderr, r.stdout + r.stderr
+    marker.unlink()
+    demo_config(ws_a, STEPS, hooks)
+    r = ralph(ws_a, "session", "start", "x", "--id", "s3", env=env_a)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "changed since session s1 started: $.hooks['post.session.start']" in r.stderr
+    assert not marker.exists()
+    state = tmp_path / "a" / "state"
+    state.chmod(0o777)
+    r = ralph(ws_a, "session", "start", "x", "--id", "s3", "--accept-config", env=env_a)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{state}: writable by group and others (mode 0777)" in r.stderr, r.stderr
+    assert not marker.exists()
