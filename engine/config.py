@@ -9,7 +9,7 @@ from typing import Callable
 import attrs
 from attrs import define, field
 
-from session_store import ROLES, BadInput, parse_yaml, structure_each, unstructure
+from session_store import BadInput, parse_yaml, structure_each, unstructure
 
 
 class Backend(enum.Enum):
@@ -334,87 +334,3 @@ def check_paths(config: Config, workspace: str, source: str | None) -> None:
             raise BadInput(f"{source or 'the config'}: $.{where}: {value!r} leads outside the "
                            f"workspace; only a config file outside the workspace (-c) may "
                            f"point there")
-
-
-def _last_started(workspace: str) -> tuple[str, Config] | None:
-    """The newest session of the workspace and the config it started with (its snapshot,
-    in the control plane), or None."""
-    from session_store import list_ids, load
-    newest = None
-    for sid in list_ids(workspace):
-        try:
-            session = load(workspace, sid)
-            if newest is None or session.metadata.created_at > newest.metadata.created_at:
-                newest = session
-        except BadInput:
-            continue
-    if newest is None:
-        return None
-    try:
-        text, path = newest.config_snapshot()
-        return newest.id, parse(text, path)
-    except BadInput:
-        return None
-
-
-def _started_if_rewritable(workspace: str, source: str | None) -> tuple[str, Config] | None:
-    """The newest session and its config, when `source` is a config inside the workspace
-    (which agents can rewrite) and a session started before; else None."""
-    if source is None or outside_allowed(workspace, source):
-        return None
-    return _last_started(workspace)
-
-
-def check_telegram_as_started(config: Config, workspace: str, source: str | None) -> None:
-    """A config inside the workspace (which agents can rewrite) may not move the bot to
-    another API root or admit other chats than the newest session started with: a
-    rewritten `api_url` would hand that host the token, a chat the agent's own the
-    session. A config outside the workspace is the human's own."""
-    started = _started_if_rewritable(workspace, source)
-    if started is None:
-        return
-    sid, then = started
-    now_t, then_t = config.RObot.telegram, then.RObot.telegram
-    for name in ("api_url", "allowed_chat_ids"):
-        if getattr(now_t, name) != getattr(then_t, name):
-            raise BadInput(f"{source}: $.RObot.telegram.{name} differs from what session "
-                           f"{sid} started with, and agents can rewrite this file: check it, "
-                           f"or give a config outside the workspace with -c")
-
-
-def check_approvals_as_started(config: Config, workspace: str, source: str | None) -> None:
-    """A config inside the workspace (which agents can rewrite) may not loosen the
-    approvals the newest session started with: drop a rule, add or make one whose default
-    allows, or move a role to an agent with no hook to ask through."""
-    started = _started_if_rewritable(workspace, source)
-    if started is None or not started[1].agent.approve:
-        return
-    sid, then = started
-    was = {r.rule: r.default for r in then.agent.approve}
-    now = {r.rule: r.default for r in config.agent.approve}
-    looser = [f"drops the rule {r!r}" for r in was if r not in now] + [
-        f"lets the rule {r!r} allow by default" for r, d in now.items()
-        if d is ApprovalDefault.ALLOW and was.get(r) is not ApprovalDefault.ALLOW] + [
-        f"gives the {role} an agent with no hook to ask through" for role in ROLES
-        if config.agent_for(role).backend not in HOOKED
-        and then.agent_for(role).backend in HOOKED]
-    if looser:
-        raise BadInput(f"{source}: $.agent.approve: {looser[0]}, unlike session {sid}, and "
-                       f"agents can rewrite this file: check it, or give a config outside "
-                       f"the workspace with -c")
-
-
-def changed_agents(config: Config, workspace: str) -> str | None:
-    """What of the agents' settings (the commands the engine runs) changed in the config
-    since the newest session started, said in one line; None when nothing did."""
-    started = _last_started(workspace)
-    if started is None:
-        return None
-    sid, then = started
-    changed = [role for role in ROLES if config.agent_for(role) != then.agent_for(role)]
-    if not changed:
-        return None
-    return (f"the agents' settings changed since session {sid} started ({', '.join(changed)}"
-            f": {config.agent_for(changed[0]).backend.value} "
-            f"{' '.join(config.agent_for(changed[0]).command)}); agents can rewrite the "
-            f"workspace's ralph.yml: check it")

@@ -16,6 +16,7 @@ from ._changes import Change, change_at, watch_paths
 from ._errors import BadInput
 from ._events import events_after, last_seq
 from ._handles import SessionQuestions
+from ._places import check_places, make_control_root
 from ._session import (Session, check_id, fleet_store, list_ids, load, sessions_root,
                        store_url)
 
@@ -46,6 +47,7 @@ class Sessions:
     def __init__(self, workspace: str):
         self.workspace = workspace
         self._root = sessions_root(workspace)
+        check_places(workspace)
 
     def _dir(self, sid: str) -> str:
         return os.path.join(self._root, check_id(sid))
@@ -76,7 +78,7 @@ class Sessions:
         """Call `notify(change)` (from the watcher's thread) for each session that appears,
         bus appended to and question written or marked, in the sessions there now; a
         session that appears later is followed once `add` is called with it."""
-        make_dirs(self._root)
+        make_control_root(self.workspace)
 
         def changed(path: str) -> None:
             change = change_at(self._root, path)
@@ -116,7 +118,9 @@ class ChannelFiles:
     STATE_FILE = "state.yaml"   # JSON, which YAML readers read too
 
     def __init__(self, workspace: str, channel: str):
+        self._workspace = workspace
         self._root = sessions_root(workspace)
+        check_places(workspace)
         self.dir = os.path.join(self._root, "." + check_id(channel, "channel"))
         self._lock = self.dir + ".lock"
         self.state_path = os.path.join(self.dir, self.STATE_FILE)   # (named in messages)
@@ -135,7 +139,7 @@ class ChannelFiles:
     def try_lock(self) -> "Held | None":
         """The channel's workspace lock (`release()` lets go, and so does the holder's
         death), or None when another process holds it. It names the holder's pid."""
-        make_dirs(self._root)
+        make_control_root(self._workspace)
         fd = os.open(self._lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

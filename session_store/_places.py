@@ -18,12 +18,18 @@ sandbox, Claude Code's sandbox) let it write the workspace and the temp director
 The work area, `<workspace>/.ralph-sessions/<id>/`, is what agents may write: the
 knowledge they stage, the scratchpad, the outbox their tools append to (the engine
 ingests it, trusting nothing in it) and the inbox of the engine's replies.
+
+Each directory from the state root down to a session's control plane is checked as ssh's
+StrictModes checks ~/.ssh (`check_private`): whoever else can write one (a shared
+RALPH_STATE_DIR another local user made, or left writable) could plant what the engine
+reads, a session's config and its hooks among it.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import stat
 
 from ._errors import BadInput
 
@@ -81,6 +87,68 @@ def check_state_dir(workspace: str) -> None:
         raise StateDirInWorkspace(
             f"the state directory {state} lies inside the workspace {real}, where agents "
             f"write; set RALPH_STATE_DIR (or XDG_STATE_HOME) to a directory outside it")
+
+
+_private: set[str] = set()   # the directories found private, each stat'ed once a process
+
+
+def check_private(*paths: str) -> None:
+    """Refuse (BadInput, one line: the path, what is wrong, how to fix it) a directory of
+    ralph's that is not the user's own, as ssh's StrictModes refuses ~/.ssh: owned by
+    another user, writable by group or others, or not a directory (a link is followed, as
+    ssh does). A path not there yet is let be: make_dirs creates it 0700, and it is
+    checked when next asked."""
+    for path in paths:
+        if path in _private:
+            continue
+        try:
+            found = os.stat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise BadInput(f"{path}: cannot be checked ({e.strerror})") from None
+        problem = _not_private(found, path)
+        if problem:
+            raise BadInput(f"{path}: {problem}")
+        _private.add(path)
+
+
+def _not_private(found: os.stat_result, path: str) -> str | None:
+    if not stat.S_ISDIR(found.st_mode):
+        return "not a directory: remove it, or set RALPH_STATE_DIR to a directory of your own"
+    why = "another user could plant what ralph reads there"
+    if found.st_uid != os.geteuid():
+        return (f"owned by uid {found.st_uid}, not by you (uid {os.geteuid()}), and {why}: "
+                f"set RALPH_STATE_DIR to a directory of your own, or remove it")
+    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+               if found.st_mode & bit]
+    if writers:
+        import shlex   # only to say the fix
+        return (f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(found.st_mode):04o}),"
+                f" and {why}: chmod go-w {shlex.quote(path)}")
+    return None
+
+
+def check_places(workspace: str, session_id: str | None = None) -> None:
+    """`check_private` on each directory of the workspace's control planes there is: the
+    state root, workspaces/, the workspace's own, its sessions/ and, given its id, the
+    session's."""
+    root = state_root()
+    sessions = control_root(workspace)
+    check_private(root, os.path.join(root, "workspaces"), os.path.dirname(sessions), sessions,
+                  *([os.path.join(sessions, session_id)] if session_id else []))
+
+
+def make_control_root(workspace: str) -> str:
+    """The directory of the workspace's sessions' control planes, made (0700) where
+    missing, every directory to it checked before (another user's) and after (one a
+    racer made meanwhile: make_dirs takes what is there)."""
+    from ._atomic import make_dirs
+    check_places(workspace)
+    root = control_root(workspace)
+    make_dirs(root)
+    check_places(workspace)
+    return root
 
 
 def store_url() -> str | None:

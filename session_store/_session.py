@@ -9,8 +9,7 @@ import shutil
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._atomic import (fsync_dir, make_dirs, read_nofollow,
-                      write_atomic)
+from ._atomic import fsync_dir, make_dirs, read_nofollow, write_atomic
 from . import _diagnostics
 from ._work import WorkArea
 from ._codec import structure, unstructure
@@ -20,8 +19,8 @@ from ._events import (EventReader, OnceIndex, append_event, append_once, backwar
 from ._iteration import METADATA_FILE, Iteration
 from ._metadata import GitInfo, Limits, SessionMetadata
 from ._faults import DiskFaults
-from ._places import (StateDirInWorkspace, check_state_dir, control_root, store_url,
-                      work_root)
+from ._places import (StateDirInWorkspace, check_places, check_state_dir, control_root,
+                      make_control_root, store_url, work_root)
 from ._schema import dump_plain, parse_yaml
 from ._types import Status
 
@@ -301,8 +300,7 @@ def create(workspace: str, objective: str, *, now: datetime, session_id: str | N
         check_state_dir(workspace)
     except StateDirInWorkspace as e:
         raise BadInput(str(e)) from None
-    root = sessions_root(workspace)
-    make_dirs(root)
+    root = make_control_root(workspace)
     _record_workspace(workspace)
     final = os.path.join(root, session_id)
     if os.path.lexists(final):
@@ -356,6 +354,7 @@ def load(workspace: str, session_id: str) -> Session:
     path = os.path.join(sessions_root(workspace), session_id, METADATA_FILE)
     if os.path.islink(os.path.dirname(path)):   # planted: every read would leave the workspace
         raise BadInput(f"{os.path.dirname(path)}: a symlink, not a session; refused")
+    check_places(workspace, session_id)
     try:
         text = read_nofollow(path)
     except FileNotFoundError:
@@ -378,6 +377,7 @@ def list_ids(workspace: str) -> list[str]:
     database = fleet_store(workspace)
     if database is not None:   # the fleet's: every machine's sessions
         return database.ids()
+    check_places(workspace)
     root = sessions_root(workspace)
     try:
         names = os.listdir(root)

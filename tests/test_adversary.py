@@ -90,11 +90,17 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
               env=base_env(RALPH_TELEGRAM_BOT_TOKEN=MARKER))
     assert r.returncode == 2 and "differs from what session h started with" in r.stderr
     assert MARKER not in r.stdout + r.stderr
-    # a session started on a config whose agents changed says so first
+    # a config whose agents changed is refused until the human adopts it
     write_config(workspace, {"agent": {"backend": "demo"}})
     r = ralph(workspace, "session", "start", "again", "--id", "h3", env=base_env(**FAST))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "what it runs changed since session h started: $.agent.backend is now " \
+        "\"demo\" (was \"command\") (also $.agent.command)" in r.stderr, r.stderr
+    r = ralph(workspace, "session", "start", "again", "--id", "h3", "--accept-config",
+              env=base_env(**FAST))
     assert r.returncode == 0, r.stderr
-    assert "the agents' settings changed since session h started" in r.stderr, r.stderr
+    assert "ralph: adopted ralph.yml as it is now, unlike session h: $.agent.backend, " \
+        "$.agent.command" in r.stderr, r.stderr
 
 
 def test_the_humans_verbs_refuse_inside_a_run_however_it_hides(workspace, outside):

@@ -142,7 +142,8 @@ def test_prompt_as_argument_and_as_file(workspace):
             """))
         write_config(workspace, {"agent": {"backend": "command", "prompt_mode": mode,
                                            "command": [sys.executable, str(agent)]}})
-        r = ralph(workspace, "session", "start", "obj", "--id", f"mode-{mode}")
+        r = ralph(workspace, "session", "start", "obj", "--id", f"mode-{mode}",
+                  "--accept-config")   # the second: another agent than the first's
         assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -353,7 +354,7 @@ def test_the_demo_says_so_and_keeps_its_files_apart(workspace):
     # a configured agent is not the demo: not a word about it
     write_config(workspace, {"agent": {"backend": "command",
                                        "command": ["sh", "-c", "echo LOOP_COMPLETE"]}})
-    r = ralph(workspace, "session", "start", "obj", "--id", "c")
+    r = ralph(workspace, "session", "start", "obj", "--id", "c", "--accept-config")
     assert r.returncode == 0 and "demo agent" not in r.stdout + r.stderr, r.stderr
 
 

@@ -361,7 +361,7 @@ def test_another_engine_takes_the_bot_over(workspace, fake):
               env=tg_env(fake))
     fake.wait_polling()
     b = spawn(ws, "session", "start", "second", "--id", "B", "-c", config("b", WAITS),
-              env=tg_env(fake))
+              "--accept-config", env=tg_env(fake))   # b.yml: another demo script than a.yml
     question_b = asked(fake, "B")
     fake.push(CHAT, "done", reply_to=asked(fake, "A"))
     code, out_a, err_a = finish(a)

@@ -74,7 +74,7 @@ def test_every_status_in_text_and_json(workspace):
     # list: paused first, and every session with its status
     write_config(workspace, {}, name="plain.yml")  # the built-in demo scenario
     r = ralph(workspace, "session", "start", "obj limit", "--id", "lim", "--max-iterations", "1",
-              "-c", "plain.yml", env=env)
+              "-c", "plain.yml", "--accept-config", env=env)   # another demo script
     assert r.returncode == 5, r.stdout + r.stderr
     listed = json.loads(ralph(workspace, "session", "list", "--json").stdout)
     assert listed[0]["session_id"] == "lim" and listed[0]["status"] == "paused"
@@ -96,7 +96,7 @@ def test_tail_and_follow(workspace):
     scenario = write_scenario(workspace, [plan("a"), {"role": "executor", "sleep": 1, "emit": [
         {"topic": "build.done", "payload": EVIDENCE}]}, *DONE])
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
-    engine = spawn(workspace, "session", "start", "live", "--id", "live")
+    engine = spawn(workspace, "session", "start", "live", "--id", "live", "--accept-config")
     wait_for(lambda: (session_dir(workspace, "live") / "events.jsonl").exists())
     follower = spawn(workspace, "session", "tail", "live", "-f", "-n", "0")
     out, _ = follower.communicate(timeout=60)

@@ -150,6 +150,10 @@ def _session_start(p) -> None:
                    help="the config (default: the workspace's ralph.yml, if present)")
     p.add_argument("--agent", help="demo | command | claude | codex | gemini | ... | auto")
     p.add_argument("--id", help="session id (default YYMMDD-HHMMSS-xxxx)")
+    p.add_argument("--accept-config", action="store_true",
+                   help="adopt the workspace's ralph.yml though what it runs (the agents' "
+                        "commands, the hooks) changed since the last session started; "
+                        "without it, such a config is refused (at a terminal: asked)")
     _limit_flags(p)
     _sandbox_flag(p)
     p.set_defaults(handler=sessions.cmd_start)

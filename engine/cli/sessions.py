@@ -9,14 +9,15 @@ from .common import (EXIT_OK, bad, channel_errors, check_channels, config_file, 
 
 
 def cmd_start(args) -> int:
-    from session_store import Limits, check_id, create, dump_yaml, new_session_id
+    from session_store import ROLES, Limits, check_id, create, dump_yaml, new_session_id
 
     from .. import config as cfg
+    from ..config_started import check_approvals_as_started
     config_path = config_file(args)
     # every error, one a line, as `validate` (RObot.enabled needs a token and a chat)
     config = cfg.load(config_path, all_errors=True, channels=channel_errors)
     # the file's own rules and agents (--agent is the human's, from the command line)
-    cfg.check_approvals_as_started(config, workspace(args), config_path)
+    check_approvals_as_started(config, workspace(args), config_path)
     if args.agent:
         config.agent = _choose_agent(config.agent, args.agent)
     objective = args.objective
@@ -32,16 +33,13 @@ def cmd_start(args) -> int:
     limits = Limits(max_iterations=loop.max_iterations,
                     max_runtime_seconds=loop.max_runtime_seconds, max_cost_usd=loop.max_cost_usd)
     _apply_limit_flags(limits, args)
-    _preflight(config)
     cfg.check_paths(config, workspace(args), config_path)
+    _check_pinned(config, config_path, args)   # before any of its programs is looked for
+    _preflight(config)
     from ..agents.sandbox import check_config
     check_config(config, workspace(args), config_path)
     sandbox = _sandbox(config, args, workspace(args), config_path)
-    if config_path and not cfg.outside_allowed(workspace(args), config_path):
-        changed = cfg.changed_agents(config, workspace(args))
-        if changed:
-            print(f"ralph: note: {changed}", file=sys.stderr, flush=True)
-    unasked = [r for r in cfg.ROLES if config.agent.approve and config.role_enabled(r)
+    unasked = [r for r in ROLES if config.agent.approve and config.role_enabled(r)
                and config.agent_for(r).backend not in cfg.HOOKED]
     if unasked:
         print(f"ralph: note: agent.approve: the {', '.join(unasked)} run an agent with no "
@@ -71,6 +69,40 @@ def cmd_start(args) -> int:
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
           f"control files (out of agents' reach) are in {session.dir}", flush=True)
     return _run(session, config, sandbox, resume=False)
+
+
+def _check_pinned(config, config_path: str | None, args) -> None:
+    """A config in the workspace (agents can rewrite it) that runs other programs than the
+    workspace's newest session started with (config_started.programs: the agents'
+    commands, the hooks) is refused in one line, unless the human adopts it:
+    --accept-config, or a yes at a terminal. Adopted, it is said so."""
+    from ..config_started import unpinned
+    found = unpinned(config, workspace(args), config_path, human_backend=bool(args.agent))
+    if found is None:
+        return
+    at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+    if args.accept_config or at_terminal:
+        human_only("session start --accept-config")   # an agent's yes is no human's
+    if not (args.accept_config or (at_terminal and _said_yes(found, config_path))):
+        others = [path for path, _, _ in found.changes[1:]]
+        raise bad(f"{config_path}: what it runs changed since session {found.session_id} "
+                  f"started: {found.lines()[0]}"
+                  + (f" (also {', '.join(others)})" if others else "")
+                  + "; agents can rewrite this file: check it, then adopt it with "
+                    "`ralph session start --accept-config ...` (or give a config outside the "
+                    "workspace with -c)")
+    print(f"ralph: adopted {config_path} as it is now, unlike session {found.session_id}: "
+          f"{found.paths()}", file=sys.stderr, flush=True)
+
+
+def _said_yes(found, config_path: str) -> bool:
+    """The changes shown at the terminal, one a line, and the human's yes or no."""
+    print(f"ralph: {config_path} runs other programs than session {found.session_id} "
+          f"started with, and agents can rewrite it:", file=sys.stderr)
+    for line in found.lines():
+        print(f"  {line}", file=sys.stderr)
+    print("adopt it for this session? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _repository(config, ws: str):
@@ -156,7 +188,9 @@ def _demo_mode(config, config_path: str | None) -> str | None:
     """When the demo agent plays (no model is called): what to say first, so it is never
     taken for a real run; and, for the built-in scenario, its promoted knowledge goes under
     .ralph-demo/ with its files (the config is changed so), not into the project's docs."""
-    from ..config import ROLES, Backend
+    from session_store import ROLES
+
+    from ..config import Backend
     from ..demo_agent import DEMO_DIR
     roles = [r for r in ROLES if config.role_enabled(r)]
     demo = [r for r in roles if config.agent_for(r).backend is Backend.DEMO]
@@ -241,8 +275,9 @@ def _sandbox(config, args, ws: str, config_path: str | None):
 def _preflight(config) -> None:
     """Refuse, in one line and before any run, an agent that cannot run here (its CLI
     not installed, a flag it refuses as root) rather than four failed runs and a pause."""
+    from session_store import ROLES
+
     from ..agents import preflight
-    from ..config import ROLES
     for role in ROLES:
         if config.role_enabled(role) and (problem := preflight(config.agent_for(role))):
             raise bad(problem if config.agent_for(role) is config.agent

@@ -43,12 +43,13 @@ def cmd_diagram(args) -> int:
 def cmd_bot_run(args) -> int:
     """The workspace's Telegram bot in the foreground, for every session."""
     from .. import config as cfg
+    from ..config_started import check_telegram_as_started
     human_only("bot run")
     from ..channels import telegram
     ws = workspace(args)
     source = config_file(args)
     config = cfg.load(source, channels=channel_errors)
-    cfg.check_telegram_as_started(config, ws, source)
+    check_telegram_as_started(config, ws, source)
     found = telegram.settings(config, require_enabled=False)
     return telegram.run_foreground(ws, found)
 
@@ -75,9 +76,15 @@ def cmd_init(args) -> int:
 
 def cmd_validate(args) -> int:
     from .. import config as cfg
+    from ..config_started import unpinned
     path = args.config or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if not os.path.exists(path):
         raise bad(f"{path}: no such config file")
-    cfg.load(path, all_errors=True, channels=channel_errors)
+    config = cfg.load(path, all_errors=True, channels=channel_errors)
     print(f"{path}: valid")
+    found = unpinned(config, workspace(args), path)
+    if found is not None:   # said, not refused: `session start` is where it is decided
+        print(f"ralph: warning: {path}: what it runs changed since session "
+              f"{found.session_id} started ({found.paths()}): `session start` refuses it "
+              f"until you adopt it (--accept-config)", file=sys.stderr, flush=True)
     return EXIT_OK

@@ -17,7 +17,7 @@ from .._errors import BadInput, StaleMetadata, UnknownSession
 from .._events import ONCE, _without_lone_surrogates, now_iso
 from .._iteration import Iteration
 from .._metadata import GitInfo, Limits, SessionMetadata
-from .._places import StateDirInWorkspace, check_state_dir
+from .._places import StateDirInWorkspace, check_places, check_state_dir, make_control_root
 from .._schema import dump_plain, parse_yaml
 from .._session import SCRATCHPAD_FILE, Session, check_id, new_session_id
 from ._db import (CHANNEL, Database, _notify, database, session_channel, shown_url,
@@ -59,6 +59,8 @@ class PostgresSessions:
         if row is None:
             raise UnknownSession(f"unknown session {sid!r} in {shown_url(self.url)}")
         workspace, machine, text = row
+        if machine == this_machine():   # its iterations' files and work area are here
+            check_places(workspace, sid)
         where = f"{shown_url(self.url)} session {sid} metadata"
         meta = structure(parse_yaml(text, where), SessionMetadata, where)
         if meta.session_id != sid:
@@ -84,6 +86,7 @@ class PostgresSessions:
                                config_path=config_path, git=git)
         session = PostgresSession(self, workspace, session_id, meta, this_machine())
         from .._atomic import make_dirs
+        make_control_root(workspace)
         make_dirs(os.path.join(session.dir, "iterations"))
         session.work.start_fresh()
         session.work.write(SCRATCHPAD_FILE, "# Scratchpad\n", "scratchpad")
