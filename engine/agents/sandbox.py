@@ -199,15 +199,18 @@ def _own_homes(cli: str | None, env: dict[str, str], home: str) -> list[str]:
 
 def _needed(argv: list[str], env: dict[str, str]) -> list[str]:
     """What the run needs to start, real paths: the Python that runs ralph's tools and
-    ralph itself, the program, and every path its command line names."""
+    ralph itself, the program (and the agent's, after the supervisor's `--`: it is looked
+    up on PATH inside), and every path its command line names."""
     engine_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__))))
     found = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
              engine_root]
-    program = shutil.which(argv[0], path=env.get("PATH")) if argv else None
-    if program:
-        found += [os.path.dirname(os.path.abspath(program)),
-                  os.path.dirname(os.path.realpath(program))]
+    names = argv[:1] + argv[argv.index("--") + 1:][:1] if "--" in argv else argv[:1]
+    for name in names:
+        program = shutil.which(name, path=env.get("PATH"))
+        if program:
+            found += [os.path.dirname(os.path.abspath(program)),
+                      os.path.dirname(os.path.realpath(program))]
     found += [a for a in argv if os.path.isabs(a)]
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in found)
             if os.path.exists(p)]
