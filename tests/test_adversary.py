@@ -1,8 +1,9 @@
 """Issue 21: a hostile agent tries, from inside its own run, every way to take the human's
 control; each attack is refused or ignored, the human's view is unchanged, and nothing
 is written outside the workspace. The agent is tests/_hostile_agent.py on the `command`
-backend (it runs with the user's full rights, as a `command` agent does); what a sandbox
-adds is proven with the real CLIs in tests/test_real_agents.py.
+backend, in ralph's sandbox as every run is (engine/agents/sandbox.py): what the sandbox
+refuses is recorded, and the engine's own defences behind it are still proven; what a
+CLI's own sandbox adds is proven with the real CLIs in tests/test_real_agents.py.
 """
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def attacks(ws: Path) -> dict[str, dict]:
     return found
 
 
+def refused_writes(ws: Path) -> dict[str, str]:
+    """The files the agent's sandbox kept it from writing, and why."""
+    return {r["path"]: r["error"] for r in map(json.loads,
+                                                (ws / "attacks.jsonl").read_text().splitlines())
+            if r["attack"] == "refused-write"}
+
+
 def tree(root: Path) -> dict[str, str]:
     """Every file under `root` (links not followed) and a digest of what it holds."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -59,11 +67,17 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     """The agent rewrites ralph.yml (its command, limits, paths outside, Telegram's API and
     chats) and plants a config, metadata, a bus, an APPROVE signal and an answer in the
     session's work area; paused by its iteration limit, the session is resumed by the
-    human: the engine runs the command, limits and paths it started with."""
+    human: the engine runs the command, limits and paths it started with. Its sandbox
+    shows it ralph.yml read-only, so that rewrite is now refused there and then; the same
+    config planted by hand (as an agent run with `--sandbox none` could) is still refused
+    by the engine."""
     before = tree(outside)
     r = hostile_session(workspace, {"planner": ["rewrite"]}, extra=("--max-iterations", "1"))
     assert r.returncode == 5, r.stdout + r.stderr
-    assert attacks(workspace)["control_dir_given"]["inside_workspace"] is False
+    found = attacks(workspace)
+    assert found["control_dir_given"]["inside_workspace"] is False
+    assert refused_writes(workspace) == {str(workspace / "ralph.yml"): "Read-only file system"}
+    assert "evil-ran" not in (workspace / "ralph.yml").read_text()   # the rewrite never landed
     sd = session_dir(workspace, "h")
     r = ralph(workspace, "session", "resume", "h", env=base_env(**FAST))
     assert r.returncode == 5, r.stdout + r.stderr       # the limit it started with holds
@@ -83,6 +97,7 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     assert not list((sd / "answers").iterdir())
     # a config that is the workspace's (agent-writable) may not point outside it, nor move
     # the bot to another API root or chat than the sessions started with
+    (workspace / "ralph.yml").write_text(found["workspace config"]["text"])
     r = ralph(workspace, "session", "start", "again", "--id", "h2", env=base_env(**FAST))
     assert r.returncode == 2 and "leads outside the workspace" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -132,7 +147,9 @@ def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     """Reserved topics are refused in one line and recorded as the run's attempt; a line
     written straight into the outbox is taken as the run's own (its claimed source is
     not), or refused as another run's or as naming no run (the outbox vouches for no
-    human); `ralph emit` with the environment cleared is still the run's; an event past the cap is refused (from `emit` in
+    human); `ralph emit` with the environment cleared is refused (its sandbox hides the
+    state directory, so it finds no session to speak in: it was taken as the run's own
+    when the control plane was in sight); an event past the cap is refused (from `emit` in
     one line; written straight into the outbox, 3 MiB, skipped unread)."""
     r = hostile_session(workspace, {"planner": ["engine"]},
                         config={"event_loop": {"max_event_bytes": 1024}})
@@ -149,10 +166,12 @@ def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     assert not engine_topics & {"human.response", "human.timeout", "fallback.triggered",
                                 "human.question", "gate.note"}
     assert all(e["source"] == "engine" for e in evs if e["topic"] == "session.transition")
-    assert found["emit with env -i"]["code"] == 0, found["emit with env -i"]["err"]
+    # its environment cleared, the run cannot even find its session (the sandbox hides
+    # the control plane): refused, and heard as nobody's
+    cleared = found["emit with env -i"]
+    assert cleared["code"] == 2 and "unknown session 'h'" in cleared["err"], cleared
     forged = [e for e in evs if e["topic"] == "note.forged"]
-    assert [(e["source"], e["payload"]) for e in forged] == [("planner", "as the engine"),
-                                                             ("planner", "env cleared")]
+    assert [(e["source"], e["payload"]) for e in forged] == [("planner", "as the engine")]
     assert not [e for e in evs if e["source"] == "cli"]   # nobody spoke as a human
     refusals = [e["payload"] for e in evs if e["topic"] in ("emit.refused", "cli.refused")]
     assert any("run 0000-other is over" in p.get("why", "") for p in refusals)

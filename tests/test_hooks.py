@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from support import DONE, base_env, events, plan, ralph, session_dir, start, wait_for
@@ -101,8 +102,11 @@ def test_block_on_session_start_refuses_to_run(tmp_path):
 
 
 def test_a_hook_past_its_timeout_is_killed_with_its_group(tmp_path):
-    pidfile = tmp_path / "child.pid"
-    hook = {"command": ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+    """The hook's child is found by its command line, not by a pid it records: the hook
+    runs in a sandbox whose PID namespace numbers its processes apart."""
+    child = f"60.{time.time_ns()}"   # `sleep 60.<unique>`: this test's, no other's
+    started = tmp_path / "child.started"
+    hook = {"command": ["sh", "-c", f"sleep {child} & touch {started}; wait"],
             "on_error": "pause", "timeout_seconds": 0.5}
     began = time.monotonic()
     r = start(tmp_path, STEPS, wait=True, env=_env(),
@@ -111,16 +115,25 @@ def test_a_hook_past_its_timeout_is_killed_with_its_group(tmp_path):
     ran = _ran(session_dir(tmp_path, "s"))[0]
     assert ran["timed_out"] and ran["exit_code"] is None
     assert "timed out after 0.5s" in ran["failure"]
-    wait_for(lambda: not _running(int(pidfile.read_text())), timeout=5)
+    assert started.exists()
+    wait_for(lambda: not _running(["sleep", child]), timeout=5)
 
 
-def _running(pid: int) -> bool:
-    """Alive and no zombie (a killed child may wait a moment to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _running(argv: list[str]) -> bool:
+    """A process running `argv` is alive and no zombie (a killed child may wait a moment
+    to be reaped)."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() != wanted:
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def test_validate_names_bad_hooks(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from support import (DONE, EVIDENCE, events, finish, metadata, only_session, plan,
+from support import (DONE, EVIDENCE, events, finish, held, metadata, only_session, plan,
                      progress_markers, prompts, question_files, ralph, recorded, run_logs,
                      script_agent, session_dir, spawn, wait_for, work_dir)
 from support import start as start_demo
@@ -241,9 +241,7 @@ ASKER = """
     asker = subprocess.Popen([sys.executable, "-m", "engine", "tools", "interact", "ask",
                               "Really?", "--timeout", "60"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    asked = os.path.join(os.environ["RALPH_CONTROL_DIR"], "questions")
-    while len([n for n in os.listdir(asked) if n.endswith(".yaml")]) < 2:
-        time.sleep(0.02)
+    hold("asked")   # until the test sees it pending (no run sees the control plane)
     # the agent answers its own question: refused, with its environment or without
     record("self", [ralph("session", "answer", "yes"),
                     ralph("session", "answer", "yes", **{k: None for k in os.environ
@@ -260,12 +258,14 @@ def test_interact_ask_cli_exit_codes(workspace):
     script_agent(workspace, ASKER, {"RObot": {"timeout_seconds": 120}})
     proc = spawn(workspace, "session", "start", "obj", "--id", "cli")
     sd = session_dir(workspace, "cli")
+    with held(workspace, "asked", "cli"):
+        qid = wait_for(lambda: [q["id"] for q in question_files(sd)
+                                if q["status"] == "pending"])
+    assert len(qid) == 1
     tried = recorded(workspace, "self", "cli")
     for r in tried:
         assert r["code"] == 2 and "refused inside" in r["err"], r
         assert len(r["err"].strip().splitlines()) == 1, r
-    qid = wait_for(lambda: [q["id"] for q in question_files(sd) if q["status"] == "pending"])
-    assert len(qid) == 1
     # a terminal is no agent run: it has nobody to ask for
     r = ralph(workspace, "tools", "interact", "ask", "From a terminal?", "--timeout", "5",
               "--session", "cli")

@@ -143,7 +143,9 @@ def test_claude_continues_a_conversation_with_resume(tmp_path):
     assert "--resume" not in Claude().argv([], setup(tmp_path))
     argv = Claude().argv(["--model", "opus"], setup(tmp_path, SESSION))
     assert argv[argv.index("--resume") + 1] == SESSION
-    assert argv[-2:] == ["--model", "opus"]
+    # the human's arguments as given, after the resume (Claude's --settings follow them)
+    assert argv[argv.index("--model"):][:2] == ["--model", "opus"]
+    assert argv.index("--resume") < argv.index("--model")
     assert Claude.resumes
 
 

@@ -88,15 +88,19 @@ def repo(tmp_path):
 
 
 def setup(tmp_path: Path, tasks: list[str], do: dict | None = None, parallel: int = 4,
-          barrier: bool = True) -> tuple[Path, dict]:
-    """The agent and a config outside the workspace; the environment that runs them."""
+          barrier: bool = True, writable: tuple[Path, ...] = ()) -> tuple[Path, dict]:
+    """The agent and a config outside the workspace (`writable`: more paths its runs may
+    write); the environment that runs them."""
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT)
     shared = tmp_path / "shared"
     shared.mkdir()
     config = tmp_path / "ralph.yml"
     config.write_text(yaml.safe_dump({
-        "agent": {"backend": "command", "command": [sys.executable, str(agent)]},
+        # `shared`, where the lanes meet, is outside the workspace: the human's config
+        # lets the sandboxed runs write it
+        "agent": {"backend": "command", "command": [sys.executable, str(agent)],
+                  "writable": [str(shared), *map(str, writable)]},
         "event_loop": {"parallel": parallel}, "RObot": {"timeout_seconds": 5}}))
     spec = {"tasks": [{"id": t, "title": t.upper()} for t in tasks], "do": do or {},
             "barrier": tasks if barrier else [], "evidence": EVIDENCE, "review": REVIEW_OK}
@@ -149,7 +153,10 @@ def conflicting(tmp_path: Path, repo: Path, on_conflict: str, sid: str) -> Path:
     The session, run to its end: its control plane."""
     do = {"t1": {"file": "shared.txt", "text": "from t1\n"},
           "t2": {"file": "shared.txt", "text": "from t2\n", "on_conflict": on_conflict}}
-    config, env = setup(tmp_path, ["t1", "t2"], do)
+    # t2 made to conflict again resets its lane's branch: git writes the repository,
+    # which the sandbox keeps read-only but by the human's word
+    config, env = setup(tmp_path, ["t1", "t2"], do,
+                        writable=(repo / ".git",) if on_conflict == "again" else ())
     done = ralph(repo, "session", "start", "two things", "-c", config, "--id", sid,
                  env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

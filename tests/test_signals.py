@@ -71,27 +71,34 @@ AGENT = textwrap.dedent('''
         if step is None:
             return 0
         ralph = [sys.executable, "-m", "engine"]
-        if step.get("signals"):  # the humans drop them (outside this run), then it goes on
+
+        def ask_humans(name, request):   # served outside this run; False: it failed
             drops = os.path.join(ws, ".drops")
             os.makedirs(drops, exist_ok=True)
-            request = os.path.join(drops, "%03d" % n)
-            with open(request + ".tmp", "w") as f:
-                json.dump(step["signals"], f)
-            os.rename(request + ".tmp", request + ".json")
+            path = os.path.join(drops, name)
+            with open(path + ".tmp", "w") as f:
+                json.dump(request, f)
+            os.rename(path + ".tmp", path + ".json")
             deadline = time.monotonic() + 60
-            while not os.path.exists(request + ".done"):
-                if os.path.exists(request + ".failed") or time.monotonic() > deadline:
-                    return 9
+            while not os.path.exists(path + ".done"):
+                if os.path.exists(path + ".failed") or time.monotonic() > deadline:
+                    return False
                 time.sleep(0.02)
+            return True
+
+        if step.get("signals"):  # the humans drop them (outside this run), then it goes on
+            if not ask_humans("%03d" % n, step["signals"]):
+                return 9
         if step.get("poll"):
             out = subprocess.run(ralph + ["tools", "signals", "poll", "--json"], check=True,
                                  capture_output=True, text=True).stdout
             with open(os.path.join(ws, "polled-%03d.json" % n), "w") as f:
                 f.write(out)
-        if step.get("snapshot_inputs"):
-            inputs = os.path.join(env["RALPH_CONTROL_DIR"], "signals", "inputs")
-            with open(os.path.join(ws, "inputs-%03d.txt" % n), "w") as f:
-                f.write("\\n".join(sorted(os.listdir(inputs))))
+        if step.get("snapshot_inputs"):   # the control plane is out of this run's sight
+            if not ask_humans("%03d-look" % n, {
+                    "list": os.path.join(env["RALPH_CONTROL_DIR"], "signals", "inputs"),
+                    "into": "inputs-%03d.txt" % n}):
+                return 9
         if step.get("wait_for"):
             deadline = time.monotonic() + 60
             while not os.path.exists(os.path.join(ws, step["wait_for"])):
@@ -133,7 +140,9 @@ class _Humans(threading.Thread):
     (`.drops/NNN.json`, a list of signals) is served once (whoever serves the workspace
     next skips it), in order, with the real `ralph signal` run from the test; then
     `.drops/NNN.done` lets the agent go on (or `.failed`, and the error is kept for the
-    test). `env`: the environment of `ralph signal` (its store)."""
+    test). A request {"list": DIR, "into": FILE} writes DIR's listing (the control
+    plane's, which no run sees) into the workspace's FILE. `env`: the environment of
+    `ralph signal` (its store)."""
 
     def __init__(self, ws: Path, env: dict | None = None):
         super().__init__(daemon=True)
@@ -159,7 +168,13 @@ class _Humans(threading.Thread):
                     or request.with_suffix(".failed").exists():   # served before
                 continue
             self.served.add(name)
-            for sig in json.loads((folder / name).read_text()):
+            wanted = json.loads((folder / name).read_text())
+            if isinstance(wanted, dict):
+                (self.ws / wanted["into"]).write_text("\n".join(sorted(
+                    os.listdir(wanted["list"]))))
+                request.with_suffix(".done").touch()
+                continue
+            for sig in wanted:
                 argv = ["signal", sig["type"], sig.get("message", "")]
                 if "target" in sig:
                     argv += ["--target", sig["target"]]

@@ -106,23 +106,32 @@ class Sandbox:
             if _under(path, PRIVATE_DIRS):
                 args += ["--ro-bind", path, path]
         tree = os.path.realpath(tree)
-        writable = [tree, os.path.realpath(work_dir), *own, *self.writable]
-        for path in _outermost(_existing(writable)):   # no mount point an agent's rm trips on
-            args += ["--bind", path, path]
-        for path in _existing([os.path.join(tree, ".git"), os.path.join(tree, "ralph.yml"),
-                               *_git_common_dir(tree)]):
-            if path not in self.writable:
-                args += ["--ro-bind", path, path]
+        writable = _existing([tree, os.path.realpath(work_dir), *own, *self.writable])
+        # (where, its mount): made outer paths first, so that what a run is shown inside a
+        # hidden directory (a lane's worktree in the state directory, a workspace the human
+        # keeps under ~/.config) is bound over the hiding, never the hiding over it
+        mounts = [(path, ["--bind", path, path])   # no mount point an agent's rm trips on
+                  for path in _outermost(writable)]
+        mounts += [(path, ["--ro-bind", path, path]) for path in _existing(
+            [os.path.join(tree, ".git"), os.path.join(tree, "ralph.yml"),
+             *_git_common_dir(tree)]) if path not in self.writable]
         secrets = [os.path.join(self.home, p) for p in HIDDEN_IN_HOME] + [
             os.path.join(self.home, p) for name, paths in CLI_HOMES.items() if name != cli
             for p in paths] + list(self.hidden)
-        shown = _existing(read_only)
+        sealed = []   # hidden directories: read-only once what they show is bound in them
         for path in _existing(secrets):
-            if path in own or any(_under(w, (path,)) for w in writable):
-                continue   # the run's own CLI folder; or a workspace the human put there
-            args += _hide(path, [p for p in shown if _under(p, (path,))])
-        for path in shown:
-            args += ["--ro-bind", path, path]
+            if path in own or path in writable:
+                continue   # the run's own CLI folder; or a path the human made writable
+            if os.path.isdir(path):
+                mounts.append((path, ["--tmpfs", path]))
+                sealed.append(path)
+            else:
+                mounts.append((path, ["--ro-bind", "/dev/null", path]))
+        mounts += [(path, ["--ro-bind", path, path]) for path in _existing(read_only)]
+        for _, mount in sorted(mounts, key=lambda m: m[0].count("/")):   # stable: in order
+            args += mount
+        for path in sealed:   # not recursive: what is bound inside stays as it was bound
+            args += ["--remount-ro", path]
         return [*args, "--chdir", chdir or tree, "--", *argv]
 
     def probe(self) -> None:
@@ -190,15 +199,18 @@ def _own_homes(cli: str | None, env: dict[str, str], home: str) -> list[str]:
 
 def _needed(argv: list[str], env: dict[str, str]) -> list[str]:
     """What the run needs to start, real paths: the Python that runs ralph's tools and
-    ralph itself, the program, and every path its command line names."""
+    ralph itself, the program (and the agent's, after the supervisor's `--`: it is looked
+    up on PATH inside), and every path its command line names."""
     engine_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__))))
     found = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
              engine_root]
-    program = shutil.which(argv[0], path=env.get("PATH")) if argv else None
-    if program:
-        found += [os.path.dirname(os.path.abspath(program)),
-                  os.path.dirname(os.path.realpath(program))]
+    names = argv[:1] + argv[argv.index("--") + 1:][:1] if "--" in argv else argv[:1]
+    for name in names:
+        program = shutil.which(name, path=env.get("PATH"))
+        if program:
+            found += [os.path.dirname(os.path.abspath(program)),
+                      os.path.dirname(os.path.realpath(program))]
     found += [a for a in argv if os.path.isabs(a)]
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in found)
             if os.path.exists(p)]
@@ -232,15 +244,6 @@ def _existing(paths) -> list[str]:
 
 def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(o != p and _under(p, (o,)) for o in paths)]
-
-
-def _hide(path: str, shown: list[str]) -> list[str]:
-    """An empty read-only folder (or file) in `path`'s place; what of it is `shown` is
-    mounted into it first (a read-only tmpfs takes no mount point after)."""
-    if os.path.isdir(path):
-        return ["--tmpfs", path, *(a for p in shown for a in ("--ro-bind", p, p)),
-                "--remount-ro", path]
-    return ["--ro-bind", "/dev/null", path]
 
 
 def _under(path: str, roots) -> bool:
