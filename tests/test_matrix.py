@@ -837,7 +837,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> list[P
 # commits, kind "store", by the function that commits)
 LOCAL = {"progress", "iteration-metadata", "task", "plan", "report", "prompt", "review",
          "scratchpad", "knowledge-record", "knowledge-promote", "summary", "outbox-reset",
-         "reply"}
+         "reply", "run-mark"}
 CONTROL = {"file": {"metadata", "event", "guidance", "signal-take", "signal-handled",
                     "signal-reject", "signal-rejected", "question", "question-status",
                     "config.yaml", "workspace"},
