@@ -75,16 +75,16 @@ class Inlet:
             raise
 
     def _recover(self, channel: RunChannel) -> None:
-        since = runs.opened_at(self.session, channel.run)
+        mark = runs.mark_of(self.session, channel.run)
         last = None
-        if since is not None:   # no mark: no record of the channel was ever made
+        if mark is not None:   # none: no record of the channel was ever made
             for record in self.session.events_backwards():
-                if record.get("seq", 0) <= since:
+                if record.get("seq", 0) <= mark["seq"]:
                     break
                 if isinstance(record.get("via"), list) and record.get("run") == channel.run:
                     last = record
                     break
-        for line in channel.recover(last["via"] if last else None):
+        for line in channel.recover(mark, last["via"] if last else None):
             request = line.request or {}
             self._refuse(line, request, line.problem or
                          "its run ended with the engine that ran it", channel.run)
@@ -113,13 +113,12 @@ class Inlet:
         self._reclaim()
         for old in [c for r, c in self._channels.items() if r not in self._runs]:
             self._retire(old)
-        runs.mark_opened(self.session, run.id, self.session.last_seq())
         channel = RunChannel(self.session.work, run.id, self.max_bytes)
         try:
             channel.make()
         finally:
             self._record_aside(channel.set_aside)
-            channel.set_aside = []
+        self._mark(channel)
         self._channels[run.id] = channel
         self._runs[run.id] = run
         if self._wakeup is not None:
@@ -140,6 +139,7 @@ class Inlet:
         channel = self._channels.get(run_id)
         try:
             if channel is not None:
+                self._mark(channel)
                 channel.close(lambda lines: self._take(lines, channel))
         finally:
             self._runs.pop(run_id, None)
@@ -148,8 +148,13 @@ class Inlet:
                 stop_watch()
         self._reclaim()   # the run may have removed the work area (a `git clean`)
 
+    def _mark(self, channel: RunChannel) -> None:
+        """Before the engine reads on: where a recovery would look from (session_store)."""
+        runs.mark(self.session, channel.run, self.session.last_seq(), channel.place)
+
     def _retire(self, channel: RunChannel) -> None:
         try:
+            self._mark(channel)
             channel.retire(lambda lines: self._take(lines, channel))
         finally:
             self._channels.pop(channel.run, None)
@@ -168,7 +173,6 @@ class Inlet:
         if channel is not None:
             channel.reply(request_id, data)
             self._record_aside(channel.set_aside)
-            channel.set_aside = []
 
     def _record_aside(self, aside: list[SetAside]) -> None:
         for item in aside:

@@ -24,7 +24,7 @@ from ._atomic import (DIR_MODE, FILE_MODE, disk, durable_write_done, make_dirs, 
 from ._outbox import (CHUNK, HEADER_BYTES, INBOX, MAX_EVENT_BYTES, OUTBOX, RUN_ID, RUNS,
                       OutboxLine, parse_line, read_header)
 
-MARKS = "runs"   # in the control plane: the bus's last seq when each open run was opened
+MARKS = "runs"   # in the control plane: each channel's mark (see `mark`)
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symlink"),
@@ -98,9 +98,11 @@ class RunChannel:
         """The complete lines appended since the last read."""
         return [] if self._outbox is None or self._phase is None else self._read()
 
-    def recover(self, last_via) -> list[OutboxLine]:
-        """A dead engine's channel (found by `leftover_channels`): the lines no engine read, after
-        `last_via` (the newest place the bus records of this outbox), to be refused."""
+    def recover(self, mark: dict | None, last_via) -> list[OutboxLine]:
+        """A dead engine's channel (found by `leftover_channels`): the lines no engine
+        read, to be refused: those after its mark (the place read up to when the mark was
+        made) or after `last_via` (the newest place the bus records after the mark),
+        whichever is later, in the outbox's phase now."""
         if self._outbox is None:
             return []
         head = read_header(self._outbox)
@@ -108,14 +110,16 @@ class RunChannel:
             return []
         self._phase = str(head["phase"])
         self._offset = os.pread(self._outbox, HEADER_BYTES, 0).find(b"\n") + 1
-        if isinstance(last_via, list) and len(last_via) == 2 and \
-                last_via[0] == self._phase and type(last_via[1]) is int:
-            self._offset = max(self._offset, last_via[1])
+        for place in ((mark or {}).get("place"), last_via):
+            if isinstance(place, list) and len(place) == 2 and place[0] == self._phase \
+                    and type(place[1]) is int:
+                self._offset = max(self._offset, place[1])
         return self._read()
 
     @property
-    def phase(self) -> str | None:
-        return self._phase
+    def place(self) -> list:
+        """[phase, offset]: where the engine has read its outbox up to."""
+        return [self._phase, self._offset]
 
     def retire(self, take) -> None:
         """Read a last time (to `take`, as lines of a run that is over), then removed."""
@@ -333,23 +337,26 @@ def _skip_line(fd: int, start: int, size: int) -> int | None:
 
 # --- the marks: where the bus's records of a channel begin (in the control plane) ---
 
-def mark_opened(session, run: str, seq: int) -> None:
-    """Before the run's channel is made, durably: the bus's last seq then. At the next
-    start, the records of a channel a dead engine left are looked for after it only, so
-    a start reads the bus back no further than the runs it recovers (never its history)."""
+def mark(session, run: str, seq: int, place: list) -> None:
+    """Durably, before the engine reads the run's outbox on (and records what it reads):
+    the bus's last seq now, and where the outbox is read up to. At the next start, the
+    records of a channel a dead engine left are looked for after that seq only, so a
+    start reads the bus back no further than the last mark of the runs it recovers
+    (never the session's history)."""
     folder = os.path.join(session.dir, MARKS)
     make_dirs(folder)
-    write_atomic(os.path.join(folder, run), json.dumps({"seq": seq}), "run-mark")
+    write_atomic(os.path.join(folder, run), json.dumps({"seq": seq, "place": place}),
+                 "run-mark")
 
 
-def opened_at(session, run: str) -> int | None:
+def mark_of(session, run: str) -> dict | None:
     """The mark of `run` (None: none, or unreadable: no record of its channel was made)."""
     try:
         with open(os.path.join(session.dir, MARKS, run), "rb") as f:
-            seq = json.loads(f.read(4096)).get("seq")
-    except (OSError, ValueError, AttributeError):
+            found = json.loads(f.read(4096))
+    except (OSError, ValueError):
         return None
-    return seq if type(seq) is int else None
+    return found if isinstance(found, dict) and type(found.get("seq")) is int else None
 
 
 def marked(session) -> list[str]:
