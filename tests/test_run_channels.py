@@ -12,7 +12,6 @@ inbox, `kill -9` for the dead engine.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
