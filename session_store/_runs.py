@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from ._atomic import (DIR_MODE, FILE_MODE, disk, durable_write_done, make_dirs, unlink_quietly,
                       write_atomic)
+from ._work import write_at
 from ._outbox import (CHUNK, HEADER_BYTES, INBOX, MAX_EVENT_BYTES, OUTBOX, RUN_ID, RUNS,
                       OutboxLine, parse_line, read_header)
 
@@ -163,23 +164,14 @@ class RunChannel:
         path = os.path.join(self._work.path, RUNS, self.run, INBOX, name)
         body = json.dumps(data).encode()
         with disk(path):
-            tmp = f".{request_id}.{os.urandom(4).hex()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, FILE_MODE, dir_fd=self._inbox)
             try:
-                view = memoryview(body)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            try:
-                os.rename(tmp, name, src_dir_fd=self._inbox, dst_dir_fd=self._inbox)
+                write_at(self._inbox, name, body)
             except OSError as e:
                 if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                     raise
                 rel = f"{RUNS}/{self.run}/{INBOX}"
                 self.set_aside.append(_set_aside(self._inbox, name, rel, self._inbox, rel))
-                os.rename(tmp, name, src_dir_fd=self._inbox, dst_dir_fd=self._inbox)
+                write_at(self._inbox, name, body)
         durable_write_done("reply", path, durable=False)
 
     # --- the outbox ---
