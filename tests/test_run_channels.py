@@ -433,3 +433,31 @@ def test_a_resume_reads_no_history(workspace, tmp_path, monkeypatch):
     assert grown > 10_000_000
     long, short = (read_bytes_of_resume(workspace, sid, tmp_path) for sid in ("long", "twin"))
     assert long - short < grown / 20, (long, short, grown)
+
+
+@pytest.mark.parametrize("damage", ["lost", "torn", "another bus's", "a gap"])
+def test_the_once_index_is_only_a_cache_of_the_bus(workspace, damage):
+    """The once-keys an engine's start takes from the index beside the bus: lost, torn,
+    claiming more than the bus holds, or with a stretch missing, the keys are read from
+    the bus again; no record is ever made twice, and each key stays done."""
+    from session_store import load
+    session = new_session(workspace, sid="o")
+    assert session.once("first", "t") and session.once("second", "t")
+    session.once("third", "t")   # its catch-up indexes the first two
+    index = Path(session.dir) / "events.once-index"
+    lines = index.read_bytes().splitlines(keepends=True)
+    assert lines, "nothing indexed"
+    if damage == "lost":
+        index.unlink()
+    elif damage == "torn":
+        index.write_bytes(b"".join(lines)[:-7])
+    elif damage == "another bus's":
+        index.write_bytes(b'{"from":0,"to":999999999,"keys":["ghost"]}\n')
+    else:
+        index.write_bytes(b'{"from":5,"to":10,"keys":[]}\n' + b"".join(lines[1:]))
+    again = load(str(workspace), "o")
+    assert [again.done(k) for k in ("first", "second", "third", "ghost")] == \
+        [True, True, True, False]
+    assert not again.once("first", "t") and not again.once("third", "t")
+    assert [e["once"] for e in events(Path(session.dir)) if "once" in e] == \
+        ["first", "second", "third"]
