@@ -329,7 +329,7 @@ def test_something_planted_where_a_dead_runs_channel_was_never_stops_a_resume(
         where = work / "outbox.jsonl"
     if where.is_dir() and not where.is_symlink():
         shutil.rmtree(where)
-    else:
+    elif os.path.lexists(where):
         where.unlink()
     plant(where, kind, outside)
     code, out, err = finish(spawn(workspace, "session", "resume", "s"), timeout=90)
