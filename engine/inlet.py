@@ -139,8 +139,8 @@ class Inlet:
         channel = self._channels.get(run_id)
         try:
             if channel is not None:
-                self._mark(channel)
                 channel.close(lambda lines: self._take(lines, channel))
+                self._mark(channel)   # after: the writes keep one order, however it ran
         finally:
             self._runs.pop(run_id, None)
             stop_watch = self._watches.pop(run_id, None)
@@ -149,12 +149,13 @@ class Inlet:
         self._reclaim()   # the run may have removed the work area (a `git clean`)
 
     def _mark(self, channel: RunChannel) -> None:
-        """Before the engine reads on: where a recovery would look from (session_store)."""
+        """Where a recovery of the channel looks from (see session_store's `runs.mark`):
+        made as the run opens and once it is closed; a crash before one finds the one
+        before it."""
         runs.mark(self.session, channel.run, self.session.last_seq(), channel.place)
 
     def _retire(self, channel: RunChannel) -> None:
         try:
-            self._mark(channel)
             channel.retire(lambda lines: self._take(lines, channel))
         finally:
             self._channels.pop(channel.run, None)

@@ -330,11 +330,13 @@ def _skip_line(fd: int, start: int, size: int) -> int | None:
 # --- the marks: where the bus's records of a channel begin (in the control plane) ---
 
 def mark(session, run: str, seq: int, place: list) -> None:
-    """Durably, before the engine reads the run's outbox on (and records what it reads):
-    the bus's last seq now, and where the outbox is read up to. At the next start, the
-    records of a channel a dead engine left are looked for after that seq only, so a
-    start reads the bus back no further than the last mark of the runs it recovers
-    (never the session's history)."""
+    """Durably: the bus's last seq now, and where the run's outbox is read up to (every
+    line before it recorded). At the next start, the records of a channel a dead engine
+    left are looked for after its mark's seq only (and the lines before its place are not
+    read again), so a start reads the bus back no further than the last mark of the runs
+    it recovers, never the session's history. Made when the run opens and once it is
+    closed: a crash between a read and the next mark finds the records of that read
+    after the mark before it."""
     folder = os.path.join(session.dir, MARKS)
     make_dirs(folder)
     write_atomic(os.path.join(folder, run), json.dumps({"seq": seq, "place": place}),
