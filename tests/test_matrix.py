@@ -907,4 +907,6 @@ def test_kill_around_an_approval(root, approve):
 
 @pytest.mark.slow
 def test_kill_around_a_question_timeout_that_pauses(root, question_pause):
-    run_matrix(root, question_pause, at_least=10, select=_around_the_timeout)
+    # 9 on PostgreSQL: a start writes nothing in the work area before its first record
+    # since each run has its own outbox (it used to rewrite the session's one)
+    run_matrix(root, question_pause, at_least=9, select=_around_the_timeout)
