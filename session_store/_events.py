@@ -156,6 +156,8 @@ def _append(session_dir: str, fields: dict, key: str | None = None,
         if index is not None and key is not None:
             index.appended(key, size + len(line))
     durable_write_done("event", path)
+    if index is not None:
+        index.flush()
     return record
 
 
@@ -192,8 +194,6 @@ class OnceIndex:
         found = {r[ONCE] for r in records if isinstance(r.get(ONCE), str)}
         self.keys |= found
         self._unindexed |= found
-        if _once.add(self.dir, self._indexed, self.offset, self._unindexed):
-            self._indexed, self._unindexed = self.offset, set()
 
     def appended(self, key: str, end: int) -> None:
         """This process appended the record of `key`, ending at `end`, right after the
@@ -201,6 +201,13 @@ class OnceIndex:
         self.keys.add(key)
         self._unindexed.add(key)
         self.offset = end
+
+    def flush(self) -> None:
+        """What was read and appended since the last flush, added to the index (after a
+        record of this process's: the bus first, then its index)."""
+        if self.offset > self._indexed and \
+                _once.add(self.dir, self._indexed, self.offset, self._unindexed):
+            self._indexed, self._unindexed = self.offset, set()
 
     def done(self, key: str) -> bool:
         self.catch_up()
