@@ -237,7 +237,11 @@ def leftover_channels(work, max_bytes: int = MAX_EVENT_BYTES
                 aside.append(_set_aside(runs, name, RUNS, runs, RUNS))
                 continue
             channel = RunChannel(work, name, max_bytes)
-            channel._dir = os.open(name, _DIR, dir_fd=runs)
+            try:
+                channel._dir = os.open(name, _DIR, dir_fd=runs)
+            except PermissionError:   # made unreadable by the run
+                aside.append(_set_aside(runs, name, RUNS, runs, RUNS))
+                continue
             channel._outbox = _outbox_of(channel._dir, name, runs, aside)
             found.append(channel)
     finally:
@@ -257,7 +261,8 @@ def _outbox_of(folder: int, run: str, runs: int, aside: list[SetAside]) -> int |
     except FileNotFoundError:
         return None
     except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):
+        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR,
+                           errno.EACCES):
             raise
         aside.append(_set_aside(folder, OUTBOX, f"{RUNS}/{run}", runs, RUNS, prefix=run))
         return None
@@ -277,7 +282,7 @@ def _runs_dir(work, aside: list[SetAside]) -> int:
         except FileNotFoundError:
             pass
         except OSError as e:
-            if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EACCES):
                 raise
             aside.append(_set_aside(root, RUNS, "", root, ""))
         try:
