@@ -8,8 +8,10 @@ on both: the ratio must stay ~1.0. Runs alternate fresh/filled twice, so drift i
 machine's load hits both alike; an iteration's cost is the time between two planner
 invocations, as in bench 1.
 
-The resume-time read is reported apart: Engine.reconcile reads the whole bus once when an
-engine starts (to find the last recorded transition), so it grows with the file.
+The resume-time read is reported apart: Engine.reconcile reads the bus past what the index
+of its once-keys covers (events.once-index) when an engine starts; the filler here is
+written straight to the file, past that index, so the first start reads all of it, and
+grows with the file (a bus the engine wrote is indexed as it grows: see bench 8).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ COMPLETE or PAUSED; then the exit code.
   HumanDesk      questions asked by the loop, the hold, late answers
   RunQuestions   questions agents ask inside their runs, answered back to them
   Approvals      tool calls agents' CLIs ask a human to approve (agent.approve)
-  Inlet          what agents' tools send through the work area's outbox
+  Inlet          what agents' tools send through their runs' outboxes
   LimitKeeper    the agents' usage limits, waited out (or switched around) durably
   Assessor       seed 004's confidence and the help it asks for
   BlockerLedger  seed 003's repeated blockers
@@ -86,7 +86,8 @@ class Engine:
             reply=lambda rid, data: self.inlet.reply(rid, data), wakeup=self.wakeup)
         self.inlet = Inlet(session, max_bytes=config.event_loop.max_event_bytes,
                            on_ask=asked.ask, on_ask_gone=asked.gone,
-                           on_poll=self.mailbox.take_for_role, on_approve=approvals.request)
+                           on_poll=self.mailbox.take_for_role, on_approve=approvals.request,
+                           wakeup=self.wakeup)
         self.limits = limits = LimitKeeper(tracker, config, self.mailbox, clock=self.clock,
                                            wakeup=self.wakeup, say=self.say,
                                            publish=lambda t, p: self.runner.publish(t, p))
@@ -168,7 +169,7 @@ class Engine:
             if now:
                 self.limits.over("ralph session resume --now")
             try:
-                # before the engine's first write (the outbox's reset): a disk that refused
+                # before the engine's first write (a run's outbox): a disk that refused
                 # writes works again, and room is kept aside to say why if it refuses one
                 self.session.clear_disk_fault()
                 self.session.keep_reserve()

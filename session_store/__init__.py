@@ -11,8 +11,9 @@ _WHERE = {
     "UnknownSession": "_errors", "UnknownQuestion": "_errors", "AlreadyAnswered": "_errors",
     "QuestionCancelled": "_errors",
     "Lease": "_lock",
-    "WorkArea": "_work", "open_beneath": "_work", "Outbox": "_outbox", "OutboxLine": "_outbox",
-    "hold_engine_lock": "_outbox", "holds_engine_lock": "_outbox",
+    "WorkArea": "_work", "open_beneath": "_work", "OutboxLine": "_outbox",
+    "hold_engine_lock": "_outbox", "holds_engine_lock": "_outbox", "run_inbox": "_outbox",
+    "RunChannel": "_runs", "SetAside": "_runs", "leftover_channels": "_runs",
     "state_root": "_places", "control_root": "_places", "work_root": "_places",
     "worktree_root": "_places",
     "State": "_types", "Status": "_types", "PauseKind": "_types", "ROLES": "_types",
@@ -40,7 +41,7 @@ _WHERE = {
     "structure": "_codec", "unstructure": "_codec", "structure_each": "_codec",
 }
 _RENAMED = {"acquire_lock": ("_lock", "acquire"), "running_pid": ("_lock", "running_pid")}
-_MODULES = ("progress", "signals", "questions", "outbox")
+_MODULES = ("progress", "signals", "questions", "outbox", "runs")
 
 __all__ = sorted([*_WHERE, *_RENAMED, *_MODULES])
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from ._errors import BadInput
 from ._events import EVENTS_FILE
-from ._outbox import OUTBOX
 from ._questions import question_id
 from ._session import check_id
 
@@ -26,13 +25,11 @@ class Change:
     question: str | None = None
 
 
-def engine_watch_paths(session_dir: str, work_dir: str) -> tuple[list[str], list[str], list[str]]:
-    """What wakes the engine that runs a session: (files, directories, trees) to watch.
-    The outbox is watched as its file (what agents send while they run is taken as it
-    lands), not as the work area, where the engine's own writes (replies, notes) would
-    wake it for nothing; answers, questions and the mailbox in the control plane."""
-    return ([os.path.join(work_dir, OUTBOX)],
-            [os.path.join(session_dir, ANSWERS_DIR), os.path.join(session_dir, QUESTIONS_DIR)],
+def engine_watch_paths(session_dir: str) -> tuple[list[str], list[str]]:
+    """What wakes the engine that runs a session: (directories, trees) to watch: answers,
+    questions and the mailbox in the control plane. (Each open run's outbox is watched as
+    its file by the engine's inlet, from when it opens the run.)"""
+    return ([os.path.join(session_dir, ANSWERS_DIR), os.path.join(session_dir, QUESTIONS_DIR)],
             [os.path.join(session_dir, SIGNALS_DIR)])
 
 

@@ -10,8 +10,9 @@ Exactly once (`append_once`, the Session's `once` and `done`): a record may carr
 dedupe key, the top-level field `once`, which the caller builds ("human.timeout:<qid>").
 It is appended only if no record with that key was appended before: the check and the
 append are made under the bus's one lock, against an index of the keys on the bus
-(`OnceIndex`: built by reading the bus once, then caught up from the byte offset it had
-read to, so each call costs only the lines appended since). The key is in the appended
+(`OnceIndex`: built from the index of keys kept beside the bus, _once, and the bus past
+what it covers, then caught up from the byte offset it had read to, so each call costs
+only the lines appended since, and a start reads no history). The key is in the appended
 line itself, so there is no second write to tear: after a kill -9 at any point the next
 engine finds the line complete (done) or not there / torn (not done: a torn last line is
 no record and no key, and the next appender cuts it off). Never twice, never half.
@@ -45,6 +46,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from . import _lock
+from . import _once
 from ._atomic import FILE_MODE, disk, durable_write_done, fsync
 from ._errors import BadInput
 
@@ -152,33 +154,60 @@ def _append(session_dir: str, fields: dict, key: str | None = None,
             os.ftruncate(fd, size)   # never leave a torn or unflushed line behind
             raise
         if index is not None and key is not None:
-            index.keys.add(key)
-            index.offset = size + len(line)
+            index.appended(key, size + len(line))
     durable_write_done("event", path)
+    if index is not None:
+        index.flush()
     return record
 
 
 class OnceIndex:
-    """The dedupe keys on one bus, read up to `offset` (just past a complete line)."""
+    """The dedupe keys on one bus, read up to `offset` (just past a complete line): first
+    from the index beside the bus (_once), then from the bus past what it covers; what
+    is read, and the keys this process appends, are added to the index in turn."""
 
     def __init__(self, session_dir: str):
         self.dir = session_dir
         self.keys: set[str] = set()
         self.offset = 0
+        self._loaded = False
+        self._indexed = 0              # the index covers the bus up to here
+        self._unindexed: set[str] = set()   # the keys between there and `offset`
 
     def catch_up(self, end: int | None = None) -> None:
         """Read the lines appended since the last look (up to `end`, a complete line's
         end, when the caller holds the lock and knows it). A bus shorter than what was
         read is another one (replaced): read again from its start."""
         end = complete_size(self.dir) if end is None else end
+        if not self._loaded:
+            self._loaded = True
+            self.keys, self.offset = _once.load(self.dir, end)
+            self._indexed = self.offset
         if end < self.offset:
             self.keys.clear()
-            self.offset = 0
+            self.offset = self._indexed = 0
+            self._unindexed.clear()
         if end == self.offset:
             return
-        # a line without the field's bytes has no key: not parsed (a resume reads it all)
+        # a line without the field's bytes has no key: not parsed
         records, self.offset = read_events(self.dir, self.offset, having=_ONCE_BYTES)
-        self.keys.update(r[ONCE] for r in records if isinstance(r.get(ONCE), str))
+        found = {r[ONCE] for r in records if isinstance(r.get(ONCE), str)}
+        self.keys |= found
+        self._unindexed |= found
+
+    def appended(self, key: str, end: int) -> None:
+        """This process appended the record of `key`, ending at `end`, right after the
+        catch-up made under the same lock."""
+        self.keys.add(key)
+        self._unindexed.add(key)
+        self.offset = end
+
+    def flush(self) -> None:
+        """What was read and appended since the last flush, added to the index (after a
+        record of this process's: the bus first, then its index)."""
+        if self.offset > self._indexed and \
+                _once.add(self.dir, self._indexed, self.offset, self._unindexed):
+            self._indexed, self._unindexed = self.offset, set()
 
     def done(self, key: str) -> bool:
         self.catch_up()

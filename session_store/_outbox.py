@@ -1,19 +1,25 @@
-"""The outbox: how agents' tools reach the engine, through the work area alone.
+"""The outboxes: how agents' tools reach the engine, through the work area alone.
 
-Agents never write the control plane. Their tools (`ralph emit`, `ralph tools ...`,
-`ralph mcp`) append requests to `outbox.jsonl` in the session's work area, one JSON line
-each, under an exclusive flock; the engine reads them, trusts nothing in them (the
-source, the role, the iteration are the engine's own, from the run it opened), and
-records what it accepts on the bus. Replies a tool waits for (an answer, a poll) come
-back as `inbox/<request id>.json`.
+Agents never write the control plane. Each agent run has its own channel in the session's
+work area, made by the engine when it opens the run: `runs/<run id>/outbox.jsonl`, where
+the run's tools (`ralph emit`, `ralph tools ...`, `ralph mcp`) append requests, one JSON
+line each, under an exclusive flock, and `runs/<run id>/inbox/`, where the engine puts
+the replies a tool waits for (an answer, a poll, an approval's decision) as
+`<request id>.json`. The run finds them from its environment (RALPH_SESSION_DIR and
+RALPH_RUN_ID). A line is the run's whose outbox it is in, never what it claims; the engine
+trusts nothing else in it either (the source, the role, the iteration are its own, from
+the run it opened), and records what it accepts on the bus.
 
-The first line is the engine's header: which runs are open now (one, or a parallel
-batch's), and a phase id. Opening or closing a run reads what is left and records it, then truncates the file and writes a
-new header, all under the lock every appender takes: once a run is closed, nothing it
-appends is taken as its. Each record the engine makes of a line says where it came from
-(`via`: [phase, offset after the line]), so after a crash the engine knows which lines it
-never read (they are refused: their run died with its engine) and records none twice;
-and no line is cut off before its record is made.
+The tools only ever read their inbox: a sandbox may show it to the run read-only
+(`run_inbox` names it), so that no process of the run can forge a reply there.
+
+The first line of an outbox is the engine's header: its run, whether the run is open, and
+a phase id. Closing the run reads what is left and records it, then truncates the file
+and writes a closed header, under the lock every appender takes: once a run is closed,
+nothing it appends is taken as its (the engine records it as refused). Each record the
+engine makes of a line says where it came from (`via`: [phase, offset after the line]),
+so after a crash the engine knows which lines it never read (refused: their run died with
+its engine) and records none twice. The engine's side is in _runs.
 
 A live engine holds `engine.lock` (flock) for its lifetime: a tool finding it free knows
 nobody will hear it. Stdlib only: this is `ralph emit`'s cold path.
@@ -25,25 +31,42 @@ import fcntl
 import json
 import os
 import re
+import stat
 
 from ._atomic import FILE_MODE, disk, durable_write_done, read_nofollow
 from ._errors import BadInput
 
+RUNS = "runs"
 OUTBOX = "outbox.jsonl"
 ENGINE_LOCK = "engine.lock"
 INBOX = "inbox"
 MAX_EVENT_BYTES = 1 << 20          # the default cap of one request (event_loop.max_event_bytes)
 KINDS = ("event", "ask", "ask.gone", "poll", "refusal", "approve")
-_HEADER_BYTES = 4096
-_CHUNK = 1 << 20
+HEADER_BYTES = 4096
+CHUNK = 1 << 20
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def outbox_path(work_dir: str) -> str:
-    return os.path.join(work_dir, OUTBOX)
+def run_dir(work_dir: str, run: str) -> str:
+    """The channel of the run `run` (its outbox and inbox), in the work area `work_dir`."""
+    if not RUN_ID.fullmatch(run):
+        raise BadInput(f"run id {run[:80]!r}: expected [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+    return os.path.join(work_dir, RUNS, run)
 
 
-def reply_path(work_dir: str, request_id: str) -> str:
-    return os.path.join(work_dir, INBOX, f"{request_id}.json")
+def outbox_path(work_dir: str, run: str) -> str:
+    return os.path.join(run_dir(work_dir, run), OUTBOX)
+
+
+def run_inbox(work_dir: str, run: str) -> str:
+    """The directory where the engine puts its replies to the run `run`: the run's tools
+    only read it, so a sandbox may mount it read-only inside the run (made before the run
+    starts, removed by the engine after it)."""
+    return os.path.join(run_dir(work_dir, run), INBOX)
+
+
+def reply_path(work_dir: str, run: str, request_id: str) -> str:
+    return os.path.join(run_inbox(work_dir, run), f"{request_id}.json")
 
 
 def new_request_id() -> str:
@@ -52,35 +75,47 @@ def new_request_id() -> str:
 
 # --- the agents' side ---
 
-def header(work_dir: str) -> dict | None:
-    """The engine's header of the outbox (None: no engine has opened it)."""
+def header(work_dir: str, run: str) -> dict | None:
+    """The engine's header of the run's outbox (None: no engine has opened it)."""
     try:
-        fd = os.open(outbox_path(work_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = os.open(outbox_path(work_dir, run), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except (OSError, BadInput):
         return None
     try:
-        return _header(fd)
+        return read_header(fd)
     finally:
         os.close(fd)
 
 
 def post(work_dir: str, request: dict) -> str | None:
-    """Append one request for the engine. Returns why the engine will not take it as the
-    run's (its run is over, no engine runs the session), else None. The line is written
-    either way (where an engine made the outbox): the engine records what it refuses."""
-    path = outbox_path(work_dir)
+    """Append one request of the run `request["run"]` for the engine, to that run's
+    outbox. Returns why the engine will not take it as the run's (its run is over, no
+    engine runs the session), else None. The line is written either way (where the
+    engine made the run's outbox): the engine records what it refuses."""
+    run = request.get("run")
+    if not isinstance(run, str) or not RUN_ID.fullmatch(run):
+        return ("it names no run: requests come from agent runs only (RALPH_RUN_ID)"
+                if run is None else f"run {str(run)[:80]!r} is no run of this session")
+    path = outbox_path(work_dir, run)
     try:
-        with disk(path):   # never made here: an engine makes it, and reads it
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with disk(path):   # never made here: the engine makes it when it opens the run
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC)
     except OSError as e:
-        if e.errno == errno.ENOENT:
-            return "no engine has run this session here (it has no outbox)"
-        if e.errno != errno.ELOOP:
-            raise
-        raise BadInput(f"{path}: a symlink; the outbox is never written through one") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"run {run} has no outbox here: its run is over, or no engine ran it"
+        if e.errno == errno.ELOOP:
+            raise BadInput(f"{path}: a symlink; the outbox is never written through "
+                           f"one") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):
+            raise BadInput(f"{path}: not a file (the engine sets it aside)") from None
+        raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):   # a FIFO: nobody would read it
+            raise BadInput(f"{path}: not a file (the engine sets it aside)")
         fcntl.flock(fd, fcntl.LOCK_EX)
-        why = not_heard(work_dir, _header(fd), request.get("run"))
+        why = not_heard(work_dir, read_header(fd), run)
         line = (json.dumps(request, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         with disk(path):
             size = os.fstat(fd).st_size
@@ -97,25 +132,21 @@ def post(work_dir: str, request: dict) -> str | None:
 
 
 def not_heard(work_dir: str, head: dict | None, run: str | None) -> str | None:
-    """Why a request of `run` (None: from outside any run) is not taken now, else None."""
+    """Why a request of `run` in its outbox (headed `head`) is not taken now, else None."""
     if head is None or not engine_alive(work_dir):
         return "no engine runs this session (it stopped or died)"
-    runs = head.get("runs")
-    runs = [str(r) for r in runs] if isinstance(runs, list) else []
-    if run is not None and run not in runs:
-        now = "no run is open" if not runs else f"run {runs[0]} is running now" \
-            if len(runs) == 1 else f"runs {', '.join(runs)} are running now"
-        return f"run {run} is over (the engine stopped it or it finished); {now}"
+    if head.get("run") != run or head.get("open") is not True:
+        return f"run {run} is over (the engine stopped it or it finished)"
     return None
 
 
-def inbox_watch(work_dir: str, woken):
-    """inotify on the inbox, started: a reply renamed in sets `woken` at once (`stop()`
-    ends it); None where it cannot watch (the waiter then looks every 50 ms)."""
+def inbox_watch(work_dir: str, run: str, woken):
+    """inotify on the run's inbox, started: a reply renamed in sets `woken` at once
+    (`stop()` ends it); None where it cannot watch (the waiter then looks every 50 ms)."""
     from ._watch import IN_LANDED, FileWatch
     try:
-        watch = FileWatch(os.path.join(work_dir, INBOX), woken, IN_LANDED)
-    except OSError:
+        watch = FileWatch(run_inbox(work_dir, run), woken, IN_LANDED)
+    except (OSError, BadInput):
         return None
     watch.start()
     return watch
@@ -124,7 +155,7 @@ def inbox_watch(work_dir: str, woken):
 def engine_alive(work_dir: str) -> bool:
     try:
         fd = os.open(os.path.join(work_dir, ENGINE_LOCK), os.O_RDONLY | os.O_NOFOLLOW
-                     | os.O_CLOEXEC)
+                     | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -136,16 +167,18 @@ def engine_alive(work_dir: str) -> bool:
         os.close(fd)
 
 
-def read_reply(work_dir: str, request_id: str) -> dict | None:
+def read_reply(work_dir: str, run: str, request_id: str) -> dict | None:
+    """The engine's reply to the request, read (never moved or removed: the inbox may be
+    read-only to the run; the engine clears it)."""
     try:
-        data = json.loads(read_nofollow(reply_path(work_dir, request_id), _CHUNK * 8))
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(read_nofollow(reply_path(work_dir, run, request_id), CHUNK * 8))
+    except (OSError, ValueError, RecursionError, BadInput):
         return None
     return data if isinstance(data, dict) else None
 
 
-def _header(fd: int) -> dict | None:
-    first = os.pread(fd, _HEADER_BYTES, 0).split(b"\n", 1)[0]
+def read_header(fd: int) -> dict | None:
+    first = os.pread(fd, HEADER_BYTES, 0).split(b"\n", 1)[0]
     try:
         head = json.loads(first)
     except ValueError:
@@ -153,7 +186,17 @@ def _header(fd: int) -> dict | None:
     return head if isinstance(head, dict) and "phase" in head else None
 
 
-# --- the engine's side ---
+# --- the engine's side (the rest in _runs) ---
+
+class OutboxLine:
+    """One request as the engine read it: `request` (a dict), or why it is none."""
+    __slots__ = ("via", "request", "problem")
+
+    def __init__(self, via: list, request: dict | None, problem: str | None = None):
+        self.via = via                # [phase, offset just past the line]
+        self.request = request
+        self.problem = problem
+
 
 def hold_engine_lock(work) -> int:
     """The engine's presence in the work area, held for its lifetime (agents' tools probe
@@ -188,143 +231,7 @@ def holds_engine_lock(work, fd: int) -> bool:
     return (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino)
 
 
-class OutboxLine:
-    """One request as the engine read it: `request` (a dict), or why it is none. (A
-    plain class: `typing` would cost `ralph emit` milliseconds to import.)"""
-    __slots__ = ("via", "request", "problem")
-
-    def __init__(self, via: list, request: dict | None, problem: str | None = None):
-        self.via = via                # [phase, offset just past the line]
-        self.request = request
-        self.problem = problem
-
-
-class Outbox:
-    """The engine's reader of one work area's outbox (the WorkArea writes it)."""
-
-    def __init__(self, work, max_bytes: int = MAX_EVENT_BYTES):
-        self._work = work
-        self.max_bytes = max_bytes
-        self._phase: str | None = None
-        self._offset = 0
-
-    def recover(self, last_via) -> list[OutboxLine]:
-        """At the engine's start: the lines no engine read (after `last_via`, the newest
-        place the bus records), to be refused. The caller records them, then resets
-        (which hands it whatever came meanwhile)."""
-        fd = self._open()
-        if fd is None:
-            return []
-        try:
-            head = _header(fd)
-            if head is None:
-                return []
-            self._phase = head["phase"]
-            end = os.pread(fd, _HEADER_BYTES, 0).find(b"\n") + 1
-            self._offset = end
-            if isinstance(last_via, list) and len(last_via) == 2 and \
-                    last_via[0] == self._phase and isinstance(last_via[1], int):
-                self._offset = max(end, last_via[1])
-            return self._read(fd)
-        finally:
-            os.close(fd)
-
-    def reset(self, runs: list[str], take) -> None:
-        """The runs open from now on (several: a parallel batch's). The lines not read yet
-        are handed to `take` first (as the old phase's), under the lock, before the file
-        is emptied: a crash in between leaves them, and their records' `via`, for
-        `recover`. Then a new phase begins, empty."""
-        path = outbox_path(self._work.path)
-        fd = self._work_fd()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if self._phase is not None:
-                take(self._read(fd))
-            self._phase = os.urandom(6).hex()
-            head = (json.dumps({"phase": self._phase, "runs": runs, "engine": os.getpid(),
-                                "max_event_bytes": self.max_bytes}) + "\n").encode()
-            with disk(path):
-                os.ftruncate(fd, 0)
-                os.write(fd, head)
-            self._offset = len(head)
-        finally:
-            os.close(fd)
-        durable_write_done("outbox-reset", path, durable=False)
-
-    def read_new(self) -> list[OutboxLine]:
-        """The complete lines appended since the last read."""
-        if self._phase is None:
-            return []
-        fd = self._open()
-        if fd is None:
-            return []
-        try:
-            return self._read(fd)
-        finally:
-            os.close(fd)
-
-    def _open(self) -> int | None:
-        try:
-            return os.open(outbox_path(self._work.path), os.O_RDONLY | os.O_NOFOLLOW
-                           | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
-
-    def _work_fd(self) -> int:
-        """The outbox opened for the engine's rewrite, from the work area's descriptor (a
-        link planted in its place is set aside by the work area)."""
-        folder = self._work.dir_fd("")
-        try:
-            try:
-                return os.open(OUTBOX, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                               FILE_MODE, dir_fd=folder)
-            except OSError as e:
-                if e.errno != errno.ELOOP:
-                    raise
-                os.unlink(OUTBOX, dir_fd=folder)
-                return os.open(OUTBOX, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                               FILE_MODE, dir_fd=folder)
-        finally:
-            os.close(folder)
-
-    def _read(self, fd: int) -> list[OutboxLine]:
-        """Complete lines from the cursor on; a line longer than a request may be is
-        skipped without being held in memory whole."""
-        lines: list[OutboxLine] = []
-        size = os.fstat(fd).st_size
-        limit = self.max_bytes + _HEADER_BYTES   # the request's own fields around the payload
-        while self._offset < size:
-            data = os.pread(fd, min(size - self._offset, limit + 1), self._offset)
-            cut = data.find(b"\n")
-            if cut == -1:
-                if len(data) <= limit:
-                    break   # a line still being written: later
-                end = self._skip_line(fd, self._offset + len(data), size)
-                if end is None:
-                    break
-                lines.append(OutboxLine([self._phase, end], None,
-                                  f"a request of {end - self._offset - 1} bytes: at most "
-                                  f"{self.max_bytes} bytes of payload are taken"))
-                self._offset = end
-                continue
-            while cut != -1:
-                raw, end = data[:cut], self._offset + cut + 1
-                lines.append(_parse(raw, [self._phase, end]))
-                data, self._offset = data[cut + 1:], end
-                cut = data.find(b"\n")
-        return lines
-
-    @staticmethod
-    def _skip_line(fd: int, start: int, size: int) -> int | None:
-        while start < size:
-            cut = os.pread(fd, _CHUNK, start).find(b"\n")
-            if cut != -1:
-                return start + cut + 1
-            start += _CHUNK
-        return None
-
-
-def _parse(raw: bytes, via: list) -> OutboxLine:
+def parse_line(raw: bytes, via: list) -> OutboxLine:
     if not raw.strip():
         return OutboxLine(via, None, "an empty line")
     try:

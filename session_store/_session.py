@@ -186,13 +186,13 @@ class Session(DiskFaults):
 
     def subscribe(self, wakeup) -> "Wakeups":
         """Set `wakeup` when something the engine acts on lands: a signal, a question or
-        an answer in the control plane, a line in the work area's outbox (what agents
-        send, as it lands). Calling the result stops it; its `failed` says why no
-        watcher works (it polls every second then)."""
+        an answer in the control plane (the inlet watches each open run's outbox).
+        Calling the result stops it; its `failed` says why no watcher works (it polls
+        every second then)."""
         from ._changes import engine_watch_paths
         from ._watch import watch
-        files, paths, trees = engine_watch_paths(self.dir, self.work_dir)
-        return watch(paths, wakeup, trees=trees, files=files)
+        paths, trees = engine_watch_paths(self.dir)
+        return watch(paths, wakeup, trees=trees)
 
     def follow(self, wakeup) -> "Wakeups":
         """Set `wakeup` when the bus grows (and at other writes beside it)."""

@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-from ._atomic import DIR_MODE, FILE_MODE, disk, durable_write_done, temp_name
+from ._atomic import DIR_MODE, FILE_MODE, disk, durable_write_done
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _KEPT = 8   # directories a work area keeps open: the current iteration's, the inbox
@@ -159,20 +159,7 @@ class WorkArea:
         with disk(path):
             fd = self.dir_fd(folder)
             try:
-                tmp = os.path.basename(temp_name(name))
-                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                              | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
-                try:
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(out, view):]
-                    finally:
-                        os.close(out)
-                    os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-                except BaseException:
-                    _unlink(fd, tmp)
-                    raise
+                write_at(fd, name, data)
             finally:
                 os.close(fd)
         durable_write_done(kind, path, durable=False)
@@ -215,6 +202,26 @@ class WorkArea:
                     _unlink(fd, entry.name)
         finally:
             os.close(fd)
+
+
+def write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """`name` in the directory `dir_fd` replaced whole by `data`: a temp file of a name
+    nobody can plant beforehand, renamed in (no fsync). OSError where a directory is at
+    `name` (the caller sets it aside, if it will)."""
+    tmp = f".{name}.{os.urandom(4).hex()}.tmp"
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  FILE_MODE, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        _unlink(dir_fd, tmp)
+        raise
 
 
 def open_beneath(root: str, path: str, readable: bool = False) -> int:

@@ -145,11 +145,10 @@ def test_the_humans_verbs_refuse_inside_a_run_however_it_hides(workspace, outsid
 
 def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     """Reserved topics are refused in one line and recorded as the run's attempt; a line
-    written straight into the outbox is taken as the run's own (its claimed source is
-    not), or refused as another run's or as naming no run (the outbox vouches for no
-    human); `ralph emit` with the environment cleared is refused (its sandbox hides the
-    state directory, so it finds no session to speak in: it was taken as the run's own
-    when the control plane was in sight); an event past the cap is refused (from `emit` in
+    written straight into the run's outbox is taken as the run's own (its claimed source
+    is not; naming no run, it is still the run's, never a human's), or refused where it
+    names another run; `ralph emit` with the environment cleared is refused (its sandbox
+    hides the state directory, so it finds no session to speak in); an event past the cap is refused (from `emit` in
     one line; written straight into the outbox, 3 MiB, skipped unread)."""
     r = hostile_session(workspace, {"planner": ["engine"]},
                         config={"event_loop": {"max_event_bytes": 1024}})
@@ -171,11 +170,12 @@ def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     cleared = found["emit with env -i"]
     assert cleared["code"] == 2 and "unknown session 'h'" in cleared["err"], cleared
     forged = [e for e in evs if e["topic"] == "note.forged"]
-    assert [(e["source"], e["payload"]) for e in forged] == [("planner", "as the engine")]
+    assert [(e["source"], e["payload"]) for e in forged] == [("planner", "as the engine"),
+                                                             ("planner", "as a human")]
     assert not [e for e in evs if e["source"] == "cli"]   # nobody spoke as a human
     refusals = [e["payload"] for e in evs if e["topic"] in ("emit.refused", "cli.refused")]
-    assert any("run 0000-other is over" in p.get("why", "") for p in refusals)
-    assert any(p.get("why", "").startswith("event names no run") for p in refusals)
+    assert any("it names run 0000-other, but it is in the outbox of run" in p.get("why", "")
+               for p in refusals)
     assert any("at most 1024 bytes" in p.get("why", "") for p in refusals)   # the 3 MiB line
     assert not [e for e in evs if e["topic"] == "note.huge"]
     assert sum("reserved" in p.get("why", "") for p in refusals) == 7
@@ -265,6 +265,6 @@ def test_a_removed_work_area_is_made_again_and_the_session_goes_on(workspace, ou
     assert found["work build.done"]["code"] == 0   # the retry's, heard
     sd = session_dir(workspace, "h")
     assert metadata(sd)["status"] == "completed"
-    assert (workspace / ".ralph-sessions" / "h" / "outbox.jsonl").exists()
+    assert (workspace / ".ralph-sessions" / "h" / "runs").is_dir()
     done = [e for e in events(sd) if e["topic"] == "build.done"]
     assert len(done) == 1 and done[0]["source"] == "executor"

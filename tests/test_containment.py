@@ -353,7 +353,7 @@ def refused_line(r: subprocess.CompletedProcess) -> str:
 
 def engine_inlet(ws: Path, sid: str):
     """What an engine holds of session `sid` to hear agents: its lock and its inlet
-    (started: the work area's outbox is open, no run in it yet)."""
+    (started: no run open yet)."""
     from engine.inlet import Inlet
     from session_store import acquire_lock, load
     session = load(str(ws), sid)
@@ -379,12 +379,11 @@ def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
         assert (last["topic"], last["payload"], last["run"], last["source"]) == \
             ("x.y", "from r1", "r1", "executor")
 
+        # another run's: it has no outbox to write (each run has its own)
         line = refused_line(emit_as(ws, sd, "r2", "x.y", "from r2"))
-        assert "run r2 is over" in line and "run r1 is running now" in line
+        assert "run r2 has no outbox here" in line
         inlet.drain()
-        last = events(sd)[-1]
-        assert last["topic"] == "emit.refused" and last["run"] == "r2"
-        assert last["payload"]["topic"] == "x.y" and last["payload"]["payload"] == "from r2"
+        assert events(sd)[-1] == last
 
         # a human at a terminal (no run): heard while a run is open, as the CLI's
         r = ralph(ws, "emit", "human.note", "by hand", "--session", "lease")
@@ -395,9 +394,9 @@ def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
 
         inlet.close_run("r1")
         line = refused_line(emit_as(ws, sd, "r1", "x.y", "after close"))
-        assert "run r1 is over" in line and "no run is open" in line
+        assert "run r1 is over" in line
         inlet.drain()
-        assert events(sd)[-1]["payload"]["why"].startswith("run r1 is over")
+        assert events(sd)[-1]["payload"]["why"] == "run r1 is over"
     finally:
         inlet.stop()
         lease.release()
@@ -449,7 +448,7 @@ def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
     sd = Path(new_session(ws, sid="race").dir)
     lease, inlet = engine_inlet(ws, "race")
     racers = []
-    posted = Path(outbox.outbox_path(str(work_dir(sd))))
+    posted = Path(outbox.outbox_path(str(work_dir(sd)), "r1"))
     try:
         inlet.open_run(RunInfo("r1", "executor", None))
         racers = [subprocess.Popen([sys.executable, "-c", RACER, str(work_dir(sd)), str(w),

@@ -270,7 +270,9 @@ def one_shot_commands_on_a_full_disk(disk: Path) -> None:
     def files() -> list[str]:
         return sorted(str(p) for tree in (ws, kit.state_of(ws)) for p in tree.rglob("*"))
     before = files()
-    bus, outbox = (sd / "events.jsonl").read_bytes(), (work / "outbox.jsonl").read_bytes()
+    [channel] = (work / "runs").iterdir()   # the last run's, which the next start retires
+    posted = channel / "outbox.jsonl"
+    bus, outbox = (sd / "events.jsonl").read_bytes(), posted.read_bytes()
     with open(disk / "ballast", "wb", buffering=0) as f:
         for size in (1 << 20, 1 << 12, 1):
             try:
@@ -278,7 +280,7 @@ def one_shot_commands_on_a_full_disk(disk: Path) -> None:
                     f.write(b"\0" * size)
             except OSError:
                 pass
-    agent = base_env(RALPH_SESSION_DIR=str(work), RALPH_RUN_ID="0009-executor-t1")
+    agent = base_env(RALPH_SESSION_DIR=str(work), RALPH_RUN_ID=channel.name)
     big = "x" * 20000   # more than the slack in the last page of a file
     for argv, env in ((["emit", "note.x", big], agent),
                       (["signal", "info", "a note", "--session", "d1"], base_env()),
@@ -289,4 +291,4 @@ def one_shot_commands_on_a_full_disk(disk: Path) -> None:
         assert r.stderr.count("\n") == 1 and "no space left on " in r.stderr, r.stderr
     assert files() == before
     assert (sd / "events.jsonl").read_bytes() == bus
-    assert (work / "outbox.jsonl").read_bytes() == outbox
+    assert posted.read_bytes() == outbox

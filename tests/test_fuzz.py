@@ -1124,8 +1124,9 @@ OUTBOX_REQUESTS = st.fixed_dictionaries(
               "tool": st.sampled_from(["Bash", "run_shell_command", "", "x" * 201]) | JSONISH,
               "call": st.sampled_from(["git push", ""]) | JSONISH,
               "cut": st.booleans() | JSONISH}
-).map(lambda r: {**r, "run": "0000-other"} if r["kind"] == "ask" and r.get("run") == OPEN_RUN
-      else r)   # the run's own questions would wait for a human: not drawn
+).map(lambda r: {**r, "run": "0000-other"} if r["kind"] == "ask"
+      and r.get("run") in (OPEN_RUN, None) else r)
+# (the run's own questions, naming it or no run, would wait for a human: not drawn)
 
 
 def _outbox_line(request: dict, ascii_only: bool) -> bytes:
@@ -1154,13 +1155,13 @@ def _no_constant(name):
 
 
 def _taken_as(raw: bytes, run: str):
-    """What the engine records of one outbox line while `run` (the executor's) is open:
+    """What the engine records of one line in the outbox of `run` (the executor's, open):
     ("event", topic, payload, source), ("cli.refused", source), ("emit.refused", run,
-    source), or None (a poll or a giving-up it answers with no record). The outbox's and
-    the inlet's rules (session_store/_outbox.py, engine/inlet.py), written out again."""
-    def refused(claimed=None):
-        return ("emit.refused", claimed if isinstance(claimed, str) else None,
-                "executor" if claimed == run else "unknown")
+    source), or None (a poll or a giving-up it answers with no record). Every record is
+    the run's whose outbox the line is in, whatever the line claims. The outbox's and the
+    inlet's rules (session_store/_outbox.py, engine/inlet.py), written out again."""
+    def refused():
+        return ("emit.refused", run, "executor")
     if len(raw) > OUTBOX_CAP + 4096 or not raw.strip():
         return refused()
     try:
@@ -1175,28 +1176,23 @@ def _taken_as(raw: bytes, run: str):
                                            or len(request[k]) > 128) for k in ("id", "run")):
         return refused()
     kind, claimed = request["kind"], request.get("run")
-    if kind == "ask.gone" and claimed != run:
-        return None
-    if claimed is not None and claimed != run:
-        return refused(claimed)
-    if claimed is None and kind != "refusal":   # the outbox vouches for no human
+    if claimed not in (None, run):   # a run speaks for itself only
         return refused()
-    source = "executor" if claimed is not None else "unknown"
     if kind == "event":
         try:
             emit.check(request.get("topic"), request.get("payload"), "payload", OUTBOX_CAP)
         except emit.EmitError:
-            return refused(claimed)
-        return ("event", request["topic"], request.get("payload"), source)
+            return refused()
+        return ("event", request["topic"], request.get("payload"), "executor")
     if kind == "refusal":
-        return ("cli.refused", source)
+        return ("cli.refused", "executor")
     if kind == "poll" and request.get("role") not in (None, "executor"):
-        return refused(claimed)
+        return refused()
     if kind == "approve" and not (
             isinstance(request.get("id"), str) and isinstance(request.get("tool"), str)
             and 0 < len(request["tool"]) <= 200 and isinstance(request.get("call"), str)
             and isinstance(request.get("cut"), bool)):
-        return refused(claimed)
+        return refused()
     # a poll answered in the inbox, a tool call no rule names (passed), a giving-up (asks
     # of the run: not drawn)
     return None
@@ -1232,9 +1228,9 @@ def test_every_line_in_the_outbox_is_taken_or_refused_never_crashing_the_engine(
     line, a line past the cap, NaN, deep nesting, another run's, a topic only the engine
     or a human says, a claimed source, kinds and ids of any type): each line is recorded
     once, as the open run's event (its source the engine's, from the run it opened), as
-    the run's refused verb (cli.refused), or refused (emit.refused: half a character and
-    a line naming no run among them, as nothing there is a human's); and the engine lives
-    on to take the next line."""
+    the run's refused verb (cli.refused), or refused as the run's (emit.refused: half a
+    character and a line naming another run among them); and the engine lives on to take
+    the next line."""
     from session_store import outbox
     CASES["outbox_lines"] += 1
     session, env, offset = outbox_run
@@ -1244,7 +1240,7 @@ def test_every_line_in_the_outbox_is_taken_or_refused_never_crashing_the_engine(
     whole = lines[:-1] if torn and not lines[-1] else lines
     wanted = [w for w in (_taken_as(line, run) for line in whole) if w is not None]
     mark = next(_outbox_no)
-    with open(outbox.outbox_path(session.work_dir), "ab") as f:   # past the tools' checks
+    with open(outbox.outbox_path(session.work_dir, run), "ab") as f:   # past the tools' checks
         f.write(b"\n".join(lines) + (b"" if torn else b"\n"))
     # a torn last line: ended by the next appender's newline (the outbox keeps it apart)
     why = outbox.post(session.work_dir, {"kind": "event", "id": f"m{mark}", "run": run,
@@ -1293,19 +1289,19 @@ def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case)
     try:
         inlet.open_run(RunInfo("0002-executor-t1", "executor", "t1"))
         before = read_events(session.dir)[1]
-        with open(outbox.outbox_path(session.work_dir), "ab") as f:
+        with open(outbox.outbox_path(session.work_dir, "0002-executor-t1"), "ab") as f:
             f.write(HALF_A_CHARACTER[case].replace(b"@RUN@", b"0002-executor-t1") + b"\n")
         inlet.drain()   # on the engine's thread, as on every wakeup of a run
         [record] = read_events(session.dir, before)[0]
-        assert (record["topic"], record["source"]) == ("emit.refused", "unknown"), record
+        assert (record["topic"], record["source"]) == ("emit.refused", "executor"), record
         assert record["payload"]["why"] in ("not UTF-8 text",
                                             "half a character (a lone surrogate escape)")
         inlet.drain()   # and lives on: the next line is the run's
-        with open(outbox.outbox_path(session.work_dir), "ab") as f:
+        with open(outbox.outbox_path(session.work_dir, "0002-executor-t1"), "ab") as f:
             f.write(b'{"kind": "event", "run": "0002-executor-t1", "topic": "fuzz.next"}\n')
         inlet.drain()
         assert [(r["topic"], r["source"]) for r in read_events(session.dir, before)[0]] == \
-            [("emit.refused", "unknown"), ("fuzz.next", "executor")]
+            [("emit.refused", "executor"), ("fuzz.next", "executor")]
         with open(Path(session.dir, "events.jsonl"), "rb") as bus:
             bus.read().decode("utf-8")   # strict: the bus stays UTF-8
     finally:

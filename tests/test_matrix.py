@@ -837,7 +837,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> list[P
 # commits, kind "store", by the function that commits)
 LOCAL = {"progress", "iteration-metadata", "task", "plan", "report", "prompt", "review",
          "scratchpad", "knowledge-record", "knowledge-promote", "summary", "outbox-reset",
-         "reply"}
+         "reply", "run-mark"}
 CONTROL = {"file": {"metadata", "event", "guidance", "signal-take", "signal-handled",
                     "signal-reject", "signal-rejected", "question", "question-status",
                     "config.yaml", "workspace"},
@@ -907,4 +907,6 @@ def test_kill_around_an_approval(root, approve):
 
 @pytest.mark.slow
 def test_kill_around_a_question_timeout_that_pauses(root, question_pause):
-    run_matrix(root, question_pause, at_least=10, select=_around_the_timeout)
+    # 9 on PostgreSQL: a start writes nothing in the work area before its first record
+    # since each run has its own outbox (it used to rewrite the session's one)
+    run_matrix(root, question_pause, at_least=9, select=_around_the_timeout)

@@ -129,7 +129,7 @@ def test_every_path_a_session_creates_is_private(workspace):
     work = work_dir(sd)
     assert list((work / "iterations/1/logs").glob("*.stdout"))
     assert list((work / "iterations/1/logs").glob("*.prompt.md"))
-    assert (work / "outbox.jsonl").exists() and (work / "scratchpad.md").exists()
+    assert (work / "runs").is_dir() and (work / "scratchpad.md").exists()
     assert loose_modes(*trees(ws)) == []
     assert stat.S_IMODE(state_of(ws).parent.stat().st_mode) == 0o700   # workspaces/
     assert stat.S_IMODE((ws / "fresh.yml").stat().st_mode) == 0o600   # it may hold a token
@@ -363,9 +363,11 @@ HOSTILE = textwrap.dedent('''
             path.symlink_to(target)
         swap(it / "logs", outside / "logs")
         swap(it / "knowledge", outside / "knowledge")
-        swap(work / "inbox", outside / "inbox")
+        channel = work / "runs" / env["RALPH_RUN_ID"]
+        swap(channel / "inbox", outside / "inbox")
+        swap(channel / "outbox.jsonl", outside / "victim.txt")
+        swap(work / "runs", outside / "runs")
         swap(work / "scratchpad.md", outside / "victim.txt")
-        swap(work / "outbox.jsonl", outside / "victim.txt")
         ws = Path(env["RALPH_WORKSPACE"])
         (ws / "ready").touch()
         while not (ws / "go").exists():
@@ -387,8 +389,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
 
 def test_links_an_agent_plants_in_its_work_area_lead_the_engine_nowhere(workspace, tmp_path):
     """An agent may write its work area, so it may plant a link where the engine writes
-    next there: the next runs' logs, the knowledge it stages, the inbox of replies (which
-    the engine clears), the scratchpad, the outbox (which the engine truncates). The engine
+    next there: the next runs' logs, the knowledge it stages, its run's inbox of replies
+    and outbox (which the engine truncates), the runs' channels, the scratchpad. The engine
     walks every one of those paths from the work area's descriptor without following a
     link: nothing outside changes, nothing outside is read or promoted into the workspace,
     the links are set aside and the session completes."""
@@ -396,6 +398,7 @@ def test_links_an_agent_plants_in_its_work_area_lead_the_engine_nowhere(workspac
     outside = tmp_path / "outside"
     for rel, text in (("victim.txt", "VICTIM\n"), ("logs/0003-executor-t1.stdout", "VICTIM\n"),
                       ("inbox/r0000000000000000.json", '{"VICTIM": 1}\n'),
+                      ("runs/0004-executor-t1/outbox.jsonl", "VICTIM\n"),
                       ("knowledge/secret.md", "SECRET outside the workspace\n")):
         (outside / rel).parent.mkdir(parents=True, exist_ok=True)
         (outside / rel).write_text(text)
@@ -436,7 +439,7 @@ def test_links_an_agent_plants_in_its_work_area_lead_the_engine_nowhere(workspac
         if path.is_file() and not path.is_symlink():
             assert b"SECRET" not in path.read_bytes(), path
     # set aside and made anew: the engine's writes went into the work area
-    for rel in ("iterations/1/logs", "inbox", "scratchpad.md", "outbox.jsonl"):
+    for rel in ("iterations/1/logs", "runs", "scratchpad.md"):
         assert not (work / rel).is_symlink(), rel
     assert list((work / "iterations/1/logs").glob("*-reviewer-t1.stdout"))
     assert (work / "scratchpad.md").read_text().count("a note for the scratchpad") == 1

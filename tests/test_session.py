@@ -51,7 +51,7 @@ def test_demo_session_end_to_end(workspace):
     # the work area, in the workspace: the agents' side
     work = workspace / ".ralph-sessions" / sd.name
     assert work_dir(sd) == work
-    for name in ("scratchpad.md", "outbox.jsonl", "iterations/1/logs", "iterations/1/knowledge"):
+    for name in ("scratchpad.md", "runs", "iterations/1/logs", "iterations/1/knowledge"):
         assert (work / name).exists(), name
     assert not (work / "metadata.yaml").exists() and not (work / "events.jsonl").exists()
     assert progress_markers(sd) == {"1": {"greet": "x", "farewell": "x", "cli": "x"}}

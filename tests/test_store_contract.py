@@ -268,7 +268,7 @@ def catch_up(self, end=None):
         die()
 
 def write(fd, data):
-    if isinstance(data, bytes) and key.encode() in data and data.endswith(b"\n"):
+    if isinstance(data, bytes) and f'"once":"{key}"'.encode() in data and data.endswith(b"\n"):
         real_write(fd, data[:len(data) // 2])
         die()
     return real_write(fd, data)

@@ -225,6 +225,8 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
     engine = Engine(load(ws, "r"), Config(), agent_for=lambda role: None, out=io.StringIO())
     work = engine.session.work_dir
     run = RunInfo("0001-executor-t1", "executor", "t1")
+    engine.inlet.start()
+    engine.inlet.open_run(run)   # the run's questions come through its outbox
     rng = random.Random(15)
     # from the waiter's deadline: well before, well after, then around it (its resolve
     # takes a write: a channel that rewrote the question file could land inside it)
@@ -246,19 +248,22 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
         thread = threading.Thread(target=channel)
         thread.start()
         rid = outbox.new_request_id()
-        assert engine.run_questions.ask(
-            {"kind": "ask", "id": rid, "text": f"Round {round_}?", "default": "left",
-             "timeout": 0.6 if round_ == 0 else 0.05}, run, via=None) is None
+        assert outbox.post(work, {"kind": "ask", "id": rid, "run": run.id,
+                                  "text": f"Round {round_}?", "default": "left",
+                                  "timeout": 0.6 if round_ == 0 else 0.05}) is None
+        engine.inlet.drain()   # the engine takes the question
         # the runner's loop: woken by the deadline's timer (or by its own watchers), it
         # serves the questions askers wait for until this one's reply is written
-        while (reply := outbox.read_reply(work, rid)) is None:
+        while (reply := outbox.read_reply(work, run.id, rid)) is None:
             engine.wakeup.wait(0.05)
             engine.wakeup.clear()
             engine.run_questions.serve()
         asked.set()
         thread.join(5)
         assert reply == {"answered": False, "default": "left"}
+    engine.inlet.close_run(run.id)
     engine.run_questions.end_run(run.id)
+    engine.inlet.stop()
     assert True in marked and False in marked, marked   # both orders happened
     asked_ = questions.questions(sdir)
     assert len(asked_) == len(offsets)

@@ -317,9 +317,11 @@ def test_outbox_lines_a_killed_run_left_are_refused_once_and_a_torn_one_dropped(
     unread line once, as its run's (that run ended with its engine), drops a torn one
     unrecorded, and completes like an uninterrupted run."""
     base = killed_at(space, run.point("event", after="prompt"), run)
-    outbox = (work_of(base) / "outbox.jsonl").read_bytes()
+    [channel] = (work_of(base) / "runs").iterdir()   # the planner's run's, the one open
+    posted = Path("runs") / channel.name / "outbox.jsonl"
+    outbox = (work_of(base) / posted).read_bytes()
     header = json.loads(outbox.split(b"\n", 1)[0])
-    [open_run] = header["runs"]   # the planner's, the one run open
+    open_run = header["run"]
     recorded = kit.records(sd_of(base))[-1]
     assert recorded["topic"] == "plan.ready" and recorded["run"] == open_run, recorded
     assert recorded["via"] == [header["phase"], len(outbox)], (recorded, len(outbox))
@@ -331,7 +333,7 @@ def test_outbox_lines_a_killed_run_left_are_refused_once_and_a_torn_one_dropped(
     def cut_at(c: int) -> str | None:
         ws = space / f"o{c:04d}"
         try:
-            resumed_with(base, ws, work_of(ws) / "outbox.jsonl", outbox + line[:c], run)
+            resumed_with(base, ws, work_of(ws) / posted, outbox + line[:c], run)
             bus = kit.records(sd_of(ws))
             # (the planner runs again: its new run's plan.ready is its own)
             assert [r["via"] for r in bus if r["topic"] == "plan.ready"

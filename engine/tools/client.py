@@ -1,6 +1,7 @@
-"""The agents' side of a request that waits for the engine's reply (a question, a poll):
-a line in the session's outbox, then `inbox/<id>.json` in the work area, written by the
-engine. Stdlib and the outbox only: agents call it at every step boundary."""
+"""The agents' side of a request that waits for the engine's reply (a question, a poll,
+an approval): a line in the run's outbox, then the reply the engine writes in the run's
+inbox, which is only read here (it may be read-only to the run). Stdlib and the outbox
+only: agents call it at every step boundary."""
 from __future__ import annotations
 
 import threading
@@ -35,14 +36,17 @@ def request(work_dir: str, kind: str, fields: dict, *, waiting: Waiting | None =
     rid = outbox.new_request_id()
     run = run_id() or hidden_run()
     waiting = waiting or Waiting()
-    watch = outbox.inbox_watch(work_dir, waiting.woken)
+    if run is None:
+        raise RunOver(f"{kind} refused: it names no run: requests come from agent runs only "
+                      f"(RALPH_RUN_ID)")
+    watch = outbox.inbox_watch(work_dir, run, waiting.woken)
     try:
         why = outbox.post(work_dir, {"kind": kind, "id": rid, "run": run, **fields})
         if why:
             raise RunOver(f"{kind} refused: {why}")
         give_up = None if patience is None else time.monotonic() + patience
         while True:
-            reply = outbox.read_reply(work_dir, rid)
+            reply = outbox.read_reply(work_dir, run, rid)
             if reply is not None:
                 if "refused" in reply:
                     raise RunOver(f"{kind} refused: {reply['refused']}")

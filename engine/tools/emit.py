@@ -1,7 +1,7 @@
 """`ralph emit TOPIC [PAYLOAD] [--json JSON]`: the agents' way to talk to the engine.
 
-An event goes to the session's outbox, in the work area (agents never write the control
-plane); the engine takes it from there, as the run's, and records it on the bus. The cold
+An event goes to the run's outbox, in the session's work area (agents never write the
+control plane); the engine takes it from there, as the run's, and records it on the bus. The cold
 path imports the stdlib and the outbox only (no yaml, attrs, transitions): agents call
 this constantly.
 """
@@ -91,7 +91,7 @@ def _check_topic(topic: str) -> None:
 
 
 def publish(work_dir: str, topic: str, payload, run: str | None = None) -> str:
-    """Send an agent's event to the engine (the session's outbox, in `work_dir`), as the
+    """Send an agent's event to the engine (the run's outbox, in `work_dir`), as the
     run of this environment's RALPH_RUN_ID; returns the request's id. RunOver when the
     engine will not take it as the run's (the run is over, no engine runs): the line is
     written all the same, and the engine records it as refused. `run`: the run, where it
@@ -133,9 +133,10 @@ def run_id() -> str | None:
 
 
 def max_event_bytes(work_dir: str) -> int:
-    """The cap the engine announced in the outbox's header, else the default."""
+    """The cap the engine announced in the run's outbox's header, else the default."""
     from session_store import outbox
-    head = outbox.header(work_dir) or {}
+    run = run_id() or hidden_run()
+    head = (outbox.header(work_dir, run) if run else None) or {}
     cap = head.get("max_event_bytes")
     return cap if type(cap) is int and cap > 0 else MAX_EVENT_BYTES
 
@@ -277,7 +278,7 @@ def main(argv: list[str]) -> int:
 
 def report_refusal(work_dir: str, command: str, why: str, run: str | None = None) -> None:
     """What an agent tried and was refused is recorded (by the engine, as the run's): a
-    line in the outbox, best effort. `run`: where the environment no longer says it."""
+    line in the run's outbox, best effort. `run`: where the environment no longer says it."""
     from session_store import BadInput, DiskFault, outbox
     run = run or run_id() or hidden_run()
     if run is None:   # a human at a terminal: told on stderr, nothing to record

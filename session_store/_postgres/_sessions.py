@@ -328,15 +328,11 @@ class PostgresSession(Session):
     def last_event(self, match) -> dict | None:
         return next((r for r in self.events_backwards() if match(r)), None)
 
-    def subscribe(self, wakeup) -> "Subscription":
+    def subscribe(self, wakeup) -> Listener:
         """What wakes the engine: a signal, question or answer of this session (NOTIFY,
-        no polling), or a line in the work area's outbox (inotify, local as the agents)."""
-        from .._outbox import OUTBOX
-        from .._watch import watch
-        outbox = watch([], wakeup, files=[os.path.join(self.work_dir, OUTBOX)])
-        heard = Listener(self._db, lambda _change: wakeup.set(), self.id,
-                         ("signal", "question", "answer"))
-        return Subscription(outbox, heard)
+        no polling). (The inlet watches each open run's outbox, local as the agents.)"""
+        return Listener(self._db, lambda _change: wakeup.set(), self.id,
+                        ("signal", "question", "answer"))
 
     def follow(self, wakeup) -> Listener:
         return Listener(self._db, lambda _change: wakeup.set(), self.id, ("events",))
@@ -369,21 +365,6 @@ class PostgresSession(Session):
             raise BadInput(f"{where}: the session's config snapshot is missing or empty; the "
                            f"session is not resumed without it")
         return bytes(row[0]), where
-
-
-class Subscription:
-    """The engine's wakeups: calling it stops both; `failed` says why no watcher works."""
-
-    def __init__(self, outbox, heard: Listener):
-        self._outbox, self._heard = outbox, heard
-
-    @property
-    def failed(self) -> str | None:
-        return self._outbox.failed or self._heard.failed
-
-    def __call__(self) -> None:
-        self._outbox()
-        self._heard()
 
 
 class SeqReader:
