@@ -55,9 +55,10 @@ __all__ = ["Engine"]
 
 class Engine:
     def __init__(self, session: Session, config: Config, *, clock=None, agent_for=None,
-                 out=None, sandbox: Sandbox | None = None):
+                 out=None, sandbox: Sandbox | None = None, confinement: str = ""):
         self.session = session
         self.config = config
+        self.confinement = confinement   # what its runs can reach, said once it holds the session
         self.clock = clock or SystemClock()
         # one thread at a time runs the engine; a wait lets go (engine/lanes.py)
         self.lock = EngineLock()
@@ -158,6 +159,8 @@ class Engine:
         `message` (resume --message) reaches the next run; `now` (resume --now) ends the
         wait for an agent's usage limit: the step is retried at once."""
         lease = self.session.acquire_lease()
+        if self.confinement:
+            print(self.confinement, file=sys.stderr, flush=True)
         self.lock.acquire()
         try:
             if self.commits and self.metadata.status in (Status.ACTIVE, Status.PAUSED):

@@ -25,7 +25,7 @@ from typing import Callable
 
 
 from session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
-                           Session)
+                           Session, outbox)
 from states import COMPLETION, Next, Trigger
 from states.context import RoleRun
 
@@ -207,12 +207,16 @@ class AgentRunner:
             "RALPH_STATE": self.tracker.state.value, "RALPH_ATTEMPT": str(attempt),
             # the run's mark: its events are taken while it is open, its processes found
             containment.RUN_MARK: os.path.basename(files.base)})
-        shown: tuple[str, ...] = ()   # of the control plane, what the sandbox shows read-only
+        # the runs' channels read-only, its own outbox the one it writes: no run (a parallel
+        # lane's) speaks through another's, nor forges a reply in its own inbox
+        run_id = env[containment.RUN_MARK]
+        own_outbox = outbox.outbox_path(self.session.work_dir, run_id)
+        shown = (os.path.dirname(outbox.run_dir(self.session.work_dir, run_id)),)
         if self.session.mailbox_dir is not None:
             # its own session's, read-only (a poll's quick look, `ralph mcp`'s status and
             # plan); the rest of the state directory is hidden
             env["RALPH_CONTROL_DIR"] = self.session.mailbox_dir
-            shown = (self.session.mailbox_dir,)
+            shown += (self.session.mailbox_dir,)
         if len(self._ralph) == 1:   # a plain `ralph` works too, where PATH holds
             env["PATH"] = os.path.dirname(self._ralph[0]) + os.pathsep + env.get("PATH", "")
         if task:
@@ -247,7 +251,8 @@ class AgentRunner:
                                     conversation=conversation, now=self.clock.now,
                                     in_worktree=self.tree != self.session.workspace,
                                     approve=self._approval_hook(env),
-                                    sandbox=self.sandbox, read_only=shown),
+                                    sandbox=self.sandbox, read_only=shown,
+                                    writable=(own_outbox,)),
                          [g["id"] for g in guidance], unit, agent, key)
 
     def _approval_hook(self, env: dict[str, str]) -> ApprovalHook | None:

@@ -279,8 +279,10 @@ def test_something_planted_where_the_next_runs_channel_goes_is_set_aside(workspa
     outside = tmp_path / "outside"
     outside.mkdir()
     script_agent(workspace, _planter(kind, outside))
-    code, out, err = finish(spawn(workspace, "session", "start", "plant", "--id", "s"),
-                            timeout=90)
+    # unconfined: in its sandbox the runs' channels are read-only to a run, so it cannot
+    # plant there at all; the engine's own guard is what this proves
+    code, out, err = finish(spawn(workspace, "session", "start", "plant", "--id", "s",
+                                  "--sandbox", "none"), timeout=90)
     assert code == 0, out + err
     sd = session_dir(workspace, "s")
     planted = Path(recorded(workspace, "planted", "s"))

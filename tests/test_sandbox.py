@@ -61,6 +61,12 @@ PROBE = '''
     attempt("ralph-yml", lambda: write(os.path.join(ws, "ralph.yml"), "hooks: {}\\n"))
     attempt("git-config", lambda: write(os.path.join(ws, ".git", "config"), "[core]\\n"))
     attempt("workspace-write", lambda: write(os.path.join(ws, "made-by-agent"), "fine"))
+    runs = os.path.join(os.environ["RALPH_SESSION_DIR"], "runs")
+    own = os.path.join(runs, os.environ["RALPH_RUN_ID"])
+    attempt("other-run-channel", lambda: write(os.path.join(runs, "9999-executor-x",
+                                                            "outbox.jsonl"), "{}"))
+    attempt("own-inbox-reply", lambda: write(os.path.join(own, "inbox", "r1.json"), "{}"))
+    attempt("own-outbox", lambda: open(os.path.join(own, "outbox.jsonl"), "a").close())
     attempt("tmp-write", lambda: write(os.environ["PROBE_TMP"], "mine"))
     attempt("processes", lambda: sorted(
         open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode()[:200]
@@ -128,6 +134,10 @@ def test_a_hostile_agent_takes_nothing_and_the_session_completes(workspace, home
     # what steers the engine later (its config, git's config): read-only
     assert got["ralph-yml"][0] == "refused" and got["git-config"][0] == "refused", got
     assert "hooks" not in (workspace / "ralph.yml").read_text()
+    # the runs' channels: only its own outbox is the run's to write (no lane speaks for
+    # another, no reply is forged in its own inbox)
+    assert got["other-run-channel"][0] == "refused" and got["own-inbox-reply"][0] == \
+        "refused" and got["own-outbox"][0] == "ok", got
     # the workspace and a private /tmp are the run's
     assert got["workspace-write"][0] == "ok" and (workspace / "made-by-agent").exists()
     assert got["tmp-write"][0] == "ok"

@@ -46,6 +46,7 @@ class Invocation:
     approve: ApprovalHook | None = None      # the CLI's pre-tool hook asks ralph (presets)
     sandbox: Sandbox | None = None           # what the run can reach (None: unconfined)
     read_only: tuple[str, ...] = ()          # inside what it writes: what it may only read
+    writable: tuple[str, ...] = ()           # and inside those, what it writes after all
 
 
 @dataclass(slots=True)
@@ -102,6 +103,7 @@ class CommandAgent:
             def confine(command: list[str]) -> list[str]:
                 return sandbox.wrap(command, env, tree=inv.cwd, work_dir=work_dir,
                                     cli=self.preset.name, read_only=inv.read_only,
+                                    also_writable=inv.writable,
                                     chdir=supervisor.HOME)
         started = time.monotonic()
         wakeup = wakeup or threading.Event()

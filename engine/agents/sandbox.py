@@ -83,10 +83,12 @@ class Sandbox:
 
     def wrap(self, argv: list[str], env: dict[str, str], *, tree: str, work_dir: str,
              cli: str | None = None, read_only: tuple[str, ...] = (),
-             chdir: str | None = None) -> list[str]:
+             also_writable: tuple[str, ...] = (), chdir: str | None = None) -> list[str]:
         """`argv` run confined, in `chdir` (default `tree`, the workspace or worktree it
-        works in): `env` is changed in place (the variables the run no longer has any
-        use for dropped, TMPDIR its own)."""
+        works in); `read_only`: what it is shown but may not write (its session's control
+        plane, the runs' channels), `also_writable`: what inside those it writes after all
+        (its own outbox). `env` is changed in place (the variables the run no longer has
+        any use for dropped, TMPDIR its own)."""
         own = _own_homes(cli, env, self.home)
         for name in UNSET:
             env.pop(name, None)
@@ -128,6 +130,7 @@ class Sandbox:
             else:
                 mounts.append((path, ["--ro-bind", "/dev/null", path]))
         mounts += [(path, ["--ro-bind", path, path]) for path in _existing(read_only)]
+        mounts += [(path, ["--bind", path, path]) for path in _existing(also_writable)]
         for _, mount in sorted(mounts, key=lambda m: m[0].count("/")):   # stable: in order
             args += mount
         for path in sealed:   # not recursive: what is bound inside stays as it was bound

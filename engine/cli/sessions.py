@@ -38,7 +38,7 @@ def cmd_start(args) -> int:
     _preflight(config)
     from ..agents.sandbox import check_config
     check_config(config, workspace(args), config_path)
-    sandbox = _sandbox(config, args, workspace(args), config_path)
+    sandbox, confinement = _sandbox(config, args, workspace(args), config_path)
     unasked = [r for r in ROLES if config.agent.approve and config.role_enabled(r)
                and config.agent_for(r).backend not in cfg.HOOKED]
     if unasked:
@@ -68,7 +68,7 @@ def cmd_start(args) -> int:
         print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
           f"control files (out of agents' reach) are in {session.dir}", flush=True)
-    return _run(session, config, sandbox, resume=False)
+    return _run(session, config, sandbox, confinement, resume=False)
 
 
 def _check_pinned(config, config_path: str | None, args) -> None:
@@ -219,32 +219,33 @@ def cmd_resume(args) -> int:
         # a crash came between the final transition and the summary: finish the closing
         # work (the transition's record, the summary) and exit as the session ended
         config = cfg.load_session_config(session)
-        return _run(session, config, _sandbox(config, args, ws, session.metadata.config_path),
+        return _run(session, config, *_sandbox(config, args, ws, session.metadata.config_path),
                     resume=True)
     config = cfg.load_session_config(session)
     check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     cfg.check_paths(config, ws, session.metadata.config_path)
     _preflight(config)
-    sandbox = _sandbox(config, args, ws, session.metadata.config_path)
+    sandbox, confinement = _sandbox(config, args, ws, session.metadata.config_path)
     _apply_limit_flags(session.metadata.limits, args)
-    return _run(session, config, sandbox, resume=True, message=args.message, now=args.now)
+    return _run(session, config, sandbox, confinement, resume=True, message=args.message,
+                now=args.now)
 
 
-def _run(session, config, sandbox, *, resume: bool, message: str | None = None,
-         now: bool = False) -> int:
+def _run(session, config, sandbox, confinement: str, *, resume: bool,
+         message: str | None = None, now: bool = False) -> int:
     from ..agents import containment
     from ..driver import Engine
     # this process is the engine: orphans of its agents' runs are its to find and stop
     # (a library or a test running an Engine in-process keeps its own process as it is)
     containment.adopt_orphans()
-    return Engine(session, config, sandbox=sandbox).run(resume=resume, message=message,
-                                                        now=now)
+    return Engine(session, config, sandbox=sandbox, confinement=confinement).run(
+        resume=resume, message=message, now=now)
 
 
 def _sandbox(config, args, ws: str, config_path: str | None):
-    """The sandbox this engine's runs and hooks get, said on the console; None when the
-    human said `none` (the flag, or a config outside the workspace). A sandbox that cannot
-    be set up refuses the session (exit 2)."""
+    """(the sandbox this engine's runs and hooks get, the line that says so once the
+    engine holds its session); None when the human said `none` (the flag, or a config
+    outside the workspace). A sandbox that cannot be set up refuses the session (exit 2)."""
     from session_store import state_root
 
     from .. import config as cfg
@@ -252,9 +253,8 @@ def _sandbox(config, args, ws: str, config_path: str | None):
     mode = args.sandbox or config.agent.sandbox.value
     if mode == "none":
         why = "--sandbox none" if args.sandbox else f"agent.sandbox: none in {config_path}"
-        print(f"ralph: sandbox: none ({why}): agents and hooks run with your rights, "
-              f"unconfined", file=sys.stderr, flush=True)
-        return None
+        return None, (f"ralph: sandbox: none ({why}): agents and hooks run with your "
+                      f"rights, unconfined")
     hidden = [state_root()]
     if config_path and cfg.outside_allowed(ws, config_path):
         hidden.append(config_path)   # the human's own config: its token, its choices
@@ -266,10 +266,9 @@ def _sandbox(config, args, ws: str, config_path: str | None):
         raise bad(f"agent.sandbox: enforce: {e}; or run unconfined with --sandbox none") \
             from None
     extra = f", and {', '.join(found.writable)}" if found.writable else ""
-    print(f"ralph: sandbox: agents and hooks write only the workspace and their work "
-          f"area{extra}; ralph's control files and your secrets are out of their sight"
-          f"{'' if found.network else '; no network'}", file=sys.stderr, flush=True)
-    return found
+    return found, (f"ralph: sandbox: agents and hooks write only the workspace and their "
+                   f"work area{extra}; ralph's control files and your secrets are out of "
+                   f"their sight{'' if found.network else '; no network'}")
 
 
 def _preflight(config) -> None:
