@@ -20,9 +20,8 @@ crash makes the engine run a step again:
         engine (PAUSE, ABORT, a priority STEER); exit 9 if it never comes. A run whose
         signals went before it (an earlier run of the step) plays the rest of the step.
     ask_once: {text, options, default}
-        when no question with this text exists yet in the session (read in the control
-        plane, $RALPH_CONTROL_DIR, which agents may read; on the PostgreSQL store, in its
-        database, $MATRIX_STORE_URL), emit `human.interact` with it
+        when no question with this text exists yet in the session (the humans, who see
+        its control plane, say: no run does), emit `human.interact` with it
         and stop there; once one exists (asked, answered or timed out), play the rest of
         the step
     approve: {tool_name, tool_input}
@@ -91,26 +90,20 @@ def _create(path: str, text: str) -> None:
 
 
 def _asked(text: str) -> bool:
-    """Whether a question with this text exists in the session: read in the control plane
-    ($RALPH_CONTROL_DIR), or, on the PostgreSQL store (which gives an agent no control
-    directory), in its database: the test gives this agent (and no real one) its URL,
-    $MATRIX_STORE_URL."""
-    import yaml
-    url = os.environ.get("MATRIX_STORE_URL")
-    if url:
-        import psycopg
-        with psycopg.connect(url) as conn:
-            texts = [yaml.safe_load(q)["text"] for (q,) in conn.execute(
-                "SELECT question FROM ralph_questions WHERE session_id = %s",
-                (os.environ["RALPH_SESSION_ID"],))]
-        return text in texts
-    folder = os.path.join(os.environ["RALPH_CONTROL_DIR"], "questions")
-    for name in os.listdir(folder):
-        if name.endswith(".yaml") and not name.startswith("."):
-            with open(os.path.join(folder, name), "rb") as f:
-                if (yaml.safe_load(f) or {}).get("text") == text:
-                    return True
-    return False
+    """Whether a question with this text exists in the session: asked of the humans
+    (`<id>.ask` with the text, answered `<id>.asked`: yes or no), who see the control
+    plane, out of every run's sight."""
+    folder = os.path.join(os.environ["RALPH_WORKSPACE"], REQUESTS)
+    os.makedirs(folder, exist_ok=True)
+    request = os.path.join(folder, f"{os.getpid()}-{time.time_ns()}")
+    _create(request + ".ask", text)
+    give_up = time.monotonic() + PATIENCE
+    while not os.path.exists(request + ".asked"):
+        if time.monotonic() > give_up:
+            raise SystemExit("matrix agent: nobody said whether it was asked")
+        time.sleep(0.005)
+    with open(request + ".asked", encoding="utf-8") as f:
+        return f.read() == "yes"
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from support import (DONE, EVIDENCE, QUALITY, base_env, events, metadata, only_s
                      progress_markers, prompts, ralph, recorded, script_agent, start,
                      write_config)
 from engine import gates
+from engine.agents.approval_hooks import CLAUDE_SANDBOX
 
 
 def run_scenario(workspace, steps, *args, config=None) -> tuple:
@@ -306,8 +307,10 @@ def standins(tmp_path):
 
 
 @pytest.mark.parametrize("backend, argv, stdin, cost", [
+    # Claude Code's own sandbox, in the settings ralph passes it inline
     ("claude", ["--print", "--output-format", "stream-json", "--verbose", "--permission-mode",
-                "acceptEdits", "--allowedTools", "Bash"], True, 0.25 * 7),
+                "acceptEdits", "--allowedTools", "Bash",
+                "--settings", json.dumps({"sandbox": CLAUDE_SANDBOX})], True, 0.25 * 7),
     ("codex", ["exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
                "--color", "never", "-"], True, 0.5 * 2),
     ("gemini", ["--approval-mode", "yolo", "--skip-trust", "--output-format", "json", "-p",

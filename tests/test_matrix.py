@@ -267,8 +267,7 @@ class Databases:
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def env(self, store: str) -> dict:
-        # the engine's store; the matrix agent's look at the questions (_matrix_agent.py)
-        return {"RALPH_STORE_URL": store, "MATRIX_STORE_URL": store}
+        return {"RALPH_STORE_URL": store}   # the engine's store
 
     def plane(self, ws: Path, store: str) -> Plane:
         return StorePlane(ws, SID, store)
@@ -317,6 +316,7 @@ class Human(threading.Thread):
         while not self.stopping.wait(0.01):
             try:
                 self.drop_asked()
+                self.say_what_was_asked()
                 self.tick()
             except Exception as e:  # noqa: BLE001 - reported by the test
                 self.unexpected.append(f"{type(e).__name__}: {e}")
@@ -346,6 +346,29 @@ class Human(threading.Thread):
                     self.dropped.add(label)
                 (folder / f"{label}.done").touch()
             except OSError:   # the workspace's disk is full too: at the next look
+                return
+
+    def say_what_was_asked(self) -> None:
+        """Answer each agent's `<id>.ask` (has a question with this text been asked?) with
+        `<id>.asked`, yes or no, from the control plane as it is now."""
+        folder = self.ws / DROPS
+        try:
+            asks = [folder / n for n in os.listdir(folder) if n.endswith(".ask")]
+        except FileNotFoundError:
+            return
+        for ask in asks:
+            said = ask.with_suffix(".asked")
+            if said.exists():
+                continue
+            try:
+                texts = {q.text for q in self.plane.questions()}
+            except FileNotFoundError:   # no question yet
+                texts = set()
+            tmp = ask.with_suffix(".asked-tmp")
+            try:
+                tmp.write_text("yes" if ask.read_text() in texts else "no")
+                tmp.replace(said)
+            except OSError:   # the workspace's disk is full: at the next look
                 return
 
     def drop(self, spec: dict) -> None:
