@@ -48,15 +48,16 @@ class WorkArea:
         self._root()
 
     def refresh(self, *rels: str) -> None:
-        """Forget the work area, or the directories `rels` of it, where they are no longer
-        at their place (the work area removed by a `git clean`, a directory swapped for a
-        link): the next write reaches them anew (made again, a link set aside). One lstat
-        each. (A directory kept and swapped meanwhile is still the real one, renamed: the
-        engine's writes go there, never through the link.)"""
+        """Forget the work area, or the directories `rels` of it (default: every one kept
+        open), where they are no longer at their place (the work area removed by a `git
+        clean`, a directory of it removed or swapped for a link): the next write reaches
+        them anew (made again, a link set aside). One lstat each. (A directory kept and
+        swapped meanwhile is still the real one, renamed: the engine's writes go there,
+        never through the link.)"""
         if self._fd is not None and not _still_at(self.path, self._fd):
             self.close()
             return
-        for key in rels:
+        for key in rels or list(self._dirs):
             fd = self._dirs.get(key)
             if fd is not None and not _still_at(os.path.join(self.path, key), fd):
                 os.close(self._dirs.pop(key))

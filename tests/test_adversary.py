@@ -147,9 +147,10 @@ def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     """Reserved topics are refused in one line and recorded as the run's attempt; a line
     written straight into the run's outbox is taken as the run's own (its claimed source
     is not; naming no run, it is still the run's, never a human's), or refused where it
-    names another run; `ralph emit` with the environment cleared is refused (its sandbox
-    hides the state directory, so it finds no session to speak in); an event past the cap is refused (from `emit` in
-    one line; written straight into the outbox, 3 MiB, skipped unread)."""
+    names another run; `ralph emit` with the environment cleared is still the run's (it
+    finds its session, the one its sandbox shows it, and the run by its supervisor); an
+    event past the cap is refused (from `emit` in one line; written straight into the
+    outbox, 3 MiB, skipped unread)."""
     r = hostile_session(workspace, {"planner": ["engine"]},
                         config={"event_loop": {"max_event_bytes": 1024}})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -165,13 +166,11 @@ def test_agents_cannot_speak_as_the_engine_or_another_run(workspace, outside):
     assert not engine_topics & {"human.response", "human.timeout", "fallback.triggered",
                                 "human.question", "gate.note"}
     assert all(e["source"] == "engine" for e in evs if e["topic"] == "session.transition")
-    # its environment cleared, the run cannot even find its session (the sandbox hides
-    # the control plane): refused, and heard as nobody's
-    cleared = found["emit with env -i"]
-    assert cleared["code"] == 2 and "unknown session 'h'" in cleared["err"], cleared
+    assert found["emit with env -i"]["code"] == 0, found["emit with env -i"]["err"]
     forged = [e for e in evs if e["topic"] == "note.forged"]
     assert [(e["source"], e["payload"]) for e in forged] == [("planner", "as the engine"),
-                                                             ("planner", "as a human")]
+                                                             ("planner", "as a human"),
+                                                             ("planner", "env cleared")]
     assert not [e for e in evs if e["source"] == "cli"]   # nobody spoke as a human
     refusals = [e["payload"] for e in evs if e["topic"] in ("emit.refused", "cli.refused")]
     assert any("it names run 0000-other, but it is in the outbox of run" in p.get("why", "")
