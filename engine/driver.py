@@ -159,8 +159,6 @@ class Engine:
         `message` (resume --message) reaches the next run; `now` (resume --now) ends the
         wait for an agent's usage limit: the step is retried at once."""
         lease = self.session.acquire_lease()
-        if self.confinement:
-            print(self.confinement, file=sys.stderr, flush=True)
         self.lock.acquire()
         try:
             if self.commits and self.metadata.status in (Status.ACTIVE, Status.PAUSED):
@@ -171,6 +169,8 @@ class Engine:
                 self.mailbox.add_message(message)
             if now:
                 self.limits.over("ralph session resume --now")
+            if self.confinement:   # the session held and not refused: it will run
+                print(self.confinement, file=sys.stderr, flush=True)
             try:
                 # before the engine's first write (a run's outbox): a disk that refused
                 # writes works again, and room is kept aside to say why if it refuses one

@@ -38,7 +38,6 @@ def cmd_start(args) -> int:
     _preflight(config)
     from ..agents.sandbox import check_config
     check_config(config, workspace(args), config_path)
-    sandbox, confinement = _sandbox(config, args, workspace(args), config_path)
     unasked = [r for r in ROLES if config.agent.approve and config.role_enabled(r)
                and config.agent_for(r).backend not in cfg.HOOKED]
     if unasked:
@@ -55,6 +54,7 @@ def cmd_start(args) -> int:
                   f"{config.event_loop.parallel} tasks at once need a git workspace with "
                   f"git.commits on (each task runs in a git worktree of its own); `git init` "
                   f"and commit, or set event_loop.parallel: 1")
+    sandbox, confinement = _sandbox(config, args, workspace(args), config_path)
     git = None
     if repo is not None:   # before anything is made: a dirty tree is refused
         _git(repo.check_can_start, session_id)
