@@ -23,11 +23,15 @@ CLAUDE_SANDBOX = {"enabled": True, "allowUnsandboxedCommands": False,
                   "enableWeakerNestedSandbox": True}
 
 
-def claude_settings(hook: ApprovalHook | None) -> list[str]:
+def claude_settings(hook: ApprovalHook | None, work_root: str | None = None) -> list[str]:
     """Claude Code's `--settings` for a run, inline (no file the agent could edit): its
-    sandbox, and with `hook` a PreToolUse hook; `disableAllHooks: false` there outranks a
-    workspace's or the user's `true`."""
-    settings: dict = {"sandbox": CLAUDE_SANDBOX}
+    sandbox (writing `work_root` too, the work areas' folder, for a run whose directory is
+    a lane's worktree: its outbox is there), and with `hook` a PreToolUse hook;
+    `disableAllHooks: false` there outranks a workspace's or the user's `true`."""
+    sandbox = dict(CLAUDE_SANDBOX)
+    if work_root is not None:
+        sandbox["filesystem"] = {"allowWrite": [work_root]}
+    settings: dict = {"sandbox": sandbox}
     if hook is not None:
         settings.update({"disableAllHooks": False, "hooks": {"PreToolUse": [{
             "matcher": hook.matcher(), "hooks": [{

@@ -92,7 +92,9 @@ class Claude(Preset):
             argv += ["--mcp-config", json.dumps({"mcpServers": {"ralph": {
                 "type": "stdio", "command": setup.mcp.command, "args": setup.mcp.args,
                 "env": {name: "${" + name + "}" for name in setup.mcp.env}}}})]
-        return argv + claude_settings(setup.approve)
+        # a lane's outbox is outside its worktree: the work areas' folder (no session id)
+        lane = os.path.dirname(setup.work_dir) if setup.tree else None
+        return argv + claude_settings(setup.approve, lane)
 
     def env(self, setup: RunSetup) -> dict[str, str]:
         # a blocking `ask` (a shell command or an MCP call) must not outlive its tool's

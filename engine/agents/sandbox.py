@@ -108,7 +108,12 @@ class Sandbox:
             if _under(path, PRIVATE_DIRS):
                 args += ["--ro-bind", path, path]
         tree = os.path.realpath(tree)
-        writable = _existing([tree, os.path.realpath(work_dir), *own, *self.writable])
+        work = os.path.realpath(work_dir)
+        if not _under(work, (tree,)):
+            # a lane's worktree: the work areas' folder writable (a CLI's own sandbox makes
+            # its mount points there: Codex's keeps a `.git` of every writable root)
+            work = os.path.dirname(work)
+        writable = _existing([tree, work, *own, *self.writable])
         # (where, its mount): made outer paths first, so that what a run is shown inside a
         # hidden directory (a lane's worktree in the state directory, a workspace the human
         # keeps under ~/.config) is bound over the hiding, never the hiding over it
