@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from _agent_outcome import outcome as role_outcome
+
 ENV = os.environ
 WS = ENV["RALPH_WORKSPACE"]
 SID = ENV["RALPH_SESSION_ID"]
@@ -24,8 +26,6 @@ ROLE = ENV["RALPH_ROLE"]
 RALPH = [sys.executable, "-m", "engine"]
 OUTSIDE = ENV.get("HOSTILE_OUTSIDE", "/nonexistent")   # a directory outside the workspace
 EVIL = os.path.join(WS, "evil-ran")                   # what the planted command would make
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
 
 
 def record(name: str, **what) -> None:
@@ -200,15 +200,8 @@ ATTACKS = {"wait": wait_for_the_test, "clean": clean_the_workspace, "rewrite": r
 
 def work() -> None:
     """The role's own work, through `ralph emit`, so the session goes on."""
-    if ROLE == "planner" and ENV.get("RALPH_ITERATION") == "1":
-        outcome = ["plan.ready", "--json", json.dumps({"tasks": [{"id": "t1", "title": "T"}]})]
-    elif ROLE == "planner":
-        outcome = ["LOOP_COMPLETE", "nothing left"]
-    elif ROLE == "executor":
-        outcome = ["build.done", EVIDENCE]
-    elif ROLE == "reviewer":
-        outcome = ["review.done", "tests: pass, build: pass"]
-    else:
+    outcome = role_outcome(ROLE, plans=ENV.get("RALPH_ITERATION") == "1")
+    if outcome is None:
         return
     run("work " + outcome[0], [*RALPH, "emit", *outcome])
 

@@ -14,8 +14,8 @@ import os
 import subprocess
 import sys
 
-EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
-            "complexity: 3, duplication: pass")
+from _agent_outcome import outcome as role_outcome
+
 LINE = (json.dumps({"type": "assistant", "message": {"content": [
     {"type": "text", "text": "noise " * 150}]}}) + "\n").encode()
 # `python -m engine ARGS` whose own peak RSS (VmHWM: the engine's, not its agents', which
@@ -58,14 +58,8 @@ def main() -> int:
     if role == "planner" and first:
         _shout(int(env.get("LOUD_BYTES", "0")))
         print("the plan is ready", flush=True)
-        outcome = ["plan.ready", "--json", json.dumps({"tasks": [{"id": "t1", "title": "T"}]})]
-    elif role == "planner":
-        outcome = ["LOOP_COMPLETE", "nothing left"]
-    elif role == "executor":
-        outcome = ["build.done", EVIDENCE]
-    elif role == "reviewer":
-        outcome = ["review.done", "tests: pass, build: pass"]
-    else:
+    outcome = role_outcome(role, plans=first)
+    if outcome is None:
         return 0
     return subprocess.run([sys.executable, "-m", "engine", "emit", *outcome],
                           timeout=60).returncode
