@@ -144,10 +144,6 @@ def assert_waited_out_with_nothing_spent(r: Rig, brain: LimitedMidRun) -> dict:
     sd = r.session_dir()
     t = topics(sd)
     assert t.count("limit.reached") == 1 and t.count("limit.over") == 1, t
-    if "task.resume" in t:   # KNOWN REGRESSION (issue 31's per-run outboxes, this stop)
-        pytest.xfail("the run that continues the conversation after the wait emits "
-                     "build.done, but the engine records task.resume first (the executor's "
-                     "run emitted no outcome): see the closing note of this stop")
     assert "fallback.triggered" not in t, t
     assert "human.question" not in t, t
     assert recorded_attempts(r) == ["done"]

@@ -150,7 +150,8 @@ def test_a_lane_cannot_report_the_other_lanes_outcome(tmp_path):
     shared.mkdir()
     config.write_text(yaml.safe_dump({
         "agent": {"backend": "command",
-                  "command": [sys.executable, str(agent), EVIDENCE, REVIEW_OK]},
+                  "command": [sys.executable, str(agent), EVIDENCE, REVIEW_OK],
+                  "writable": [str(shared)]},   # the lanes' meeting place (a private /tmp each)
         "event_loop": {"parallel": 2}, "RObot": {"timeout_seconds": 5}}))
     done = ralph(ws, "session", "start", "two lanes", "-c", config, "--id", "p",
                  env=base_env(LANES_SHARED=str(shared)), timeout=120)

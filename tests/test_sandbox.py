@@ -271,3 +271,21 @@ def test_pause_gives_a_sandboxed_child_its_grace_and_leaves_nothing(workspace):
     assert (workspace / "term.txt").read_text() == f"saved after {int(signal.SIGTERM)}"
     from engine.containment import find
     assert not find(str(work_dir(only_session(workspace))))
+
+
+def test_a_clis_own_folder_is_made_before_its_first_run(tmp_path, home):
+    """A CLI keeps its conversations in its folder (Claude Code's ~/.claude/projects): a
+    home without one yet gets it before the run, bound writable, so the next run can
+    continue the conversation (`--resume` after a usage limit's wait)."""
+    from engine.agents.sandbox import Sandbox
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    moved = home / "codex-elsewhere"
+    for cli, env, made in (("claude", {}, home / ".claude"),
+                           ("codex", {"CODEX_HOME": str(moved)}, moved)):
+        assert not made.exists()
+        argv = Sandbox("bwrap", home=str(home)).wrap(["true"], dict(env), tree=str(ws),
+                                                     work_dir=str(ws / "work"), cli=cli)
+        assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o700, cli
+        i = argv.index(str(made))
+        assert argv[i - 1] == "--bind" and argv[i + 1] == str(made), argv

@@ -416,7 +416,10 @@ def test_links_an_agent_plants_in_its_work_area_lead_the_engine_nowhere(workspac
     write_config(ws, {"agent": {"backend": "command", "command": [
         sys.executable, str(ws / "agent.py"), str(scenario), str(outside)]},
         "fallback": {"enabled": False}})
-    proc = spawn(ws, "session", "start", "links objective", "--id", "h", env=base_env(**FAST))
+    # unconfined: what is proven is the engine's own walk, for a human who runs with
+    # `--sandbox none` (confined, the runs' channels are not the run's to swap at all)
+    proc = spawn(ws, "session", "start", "links objective", "--id", "h", "--sandbox", "none",
+                 env=base_env(**FAST))
     try:
         wait_for(lambda: (ws / "ready").exists() or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, proc.communicate()

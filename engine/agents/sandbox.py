@@ -202,6 +202,15 @@ def _own_homes(cli: str | None, env: dict[str, str], home: str) -> list[str]:
     moved = env.get(CLI_HOME_VARIABLES.get(cli, ""))
     if moved and os.path.isabs(moved):
         own.append(os.path.realpath(moved))
+    # its folder made before the run, as the CLI would make it: only what exists is bound
+    # writable, and a CLI that cannot keep its conversation cannot continue it (Claude
+    # Code's `--resume` after a usage limit's wait)
+    main = own[-1] if moved and os.path.isabs(moved) else own[0] if own else None
+    if main is not None:
+        try:
+            os.makedirs(main, mode=0o700, exist_ok=True)
+        except OSError:
+            pass   # then it runs without it, as before: the CLI says what it misses
     return own
 
 
