@@ -103,6 +103,13 @@ def pytest_configure(config):
             prefix="ralph-state-")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tier first: under xdist (`-n`), the longest tests start at once and the
+    quick ones fill the workers around them, instead of one worker ending the run alone
+    on a crash matrix (the stable sort keeps each tier's own order)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_unconfigure(config):
     made = config.stash.get(STATE, None)
     if made:
