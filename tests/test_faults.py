@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -18,8 +18,8 @@ import yaml
 from engine import clock as engine_clock
 from session_store._watch import watch
 from session_store import write_atomic
-from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata, ralph,
-                     session_dir, spawn, wait_for, write_config, write_scenario)
+from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata,
+                     question_files, ralph, session_dir, spawn, wait_for, write_config, write_scenario)
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent
 from support.sessions import new_session
@@ -106,6 +106,7 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
     try:
         wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
         os.kill(engine.pid, signal.SIGSTOP)
+        [question] = question_files(sd)
         view = json.loads(ralph(workspace, "session", "status", "f1", "--json").stdout)
         assert view["running"] and view["engine_stopped"], view
         text = ralph(workspace, "session", "status", "f1").stdout
@@ -113,7 +114,8 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
         assert " stopped" in ralph(workspace, "session", "list").stdout
         second = ralph(workspace, "session", "resume", "f1")
         assert second.returncode == 2 and "locked by a running engine" in second.stderr
-        time.sleep(4)                       # the question's deadline passes while frozen
+        # the wait is what is proven: the question's deadline passes while it is frozen
+        time.sleep(max(0.0, _seconds_until(question["deadline"])) + 0.2)
         os.kill(engine.pid, signal.SIGCONT)
         code, out, err = finish(engine, timeout=60)
     finally:
@@ -124,6 +126,12 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
     timeouts = [e for e in events(sd) if e["topic"] == "human.timeout"]
     assert len(timeouts) == 1, timeouts
     assert metadata(sd)["status"] == "completed"
+
+
+def _seconds_until(when) -> float:
+    """Seconds from now to `when` (a question file's deadline, as YAML reads it)."""
+    when = when if isinstance(when, datetime) else datetime.fromisoformat(when)
+    return (when - datetime.now(timezone.utc)).total_seconds()
 
 
 # --- the wall clock stepped while a question waits ---

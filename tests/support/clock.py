@@ -43,7 +43,8 @@ class FrozenClock(SystemClock):
 
 @contextmanager
 def frozen_clock(start: datetime = START) -> Iterator[FrozenClock]:
-    """Wall-clock time frozen at `start` in this process (asyncio keeps its own real
-    time), moved only by the test or by the engine's waits on the clock yielded."""
-    with freeze_time(start, real_asyncio=True) as frozen:
+    """Wall-clock time frozen at `start` in this process (asyncio, pytest's timing of the
+    test and subprocess's timeouts keep real time), moved only by the test or by the
+    engine's waits on the clock yielded."""
+    with freeze_time(start, real_asyncio=True, ignore=["_pytest", "subprocess"]) as frozen:
         yield FrozenClock(frozen)
