@@ -1,10 +1,11 @@
 """Deadlines, timeouts and waits on the clock the test moves (freezegun, through the
 `clock` fixture: support/clock.py): a question's timeout policies, a deadline that
-passes while no engine runs, a knowledge approval's timeout, a usage limit's wait and
-its caps, the fallback's no-progress timer. The engine runs in-process; its every timed
-wait moves the frozen time instead of waiting it out, so each test takes no longer for
-a wait of an hour than of a second. The real `ralph` keeps one test of each wiring, with
-a short real wait (test_humans, test_limits, test_signals, test_fallback).
+passes while no engine runs, a late answer, a knowledge approval's timeout, a usage
+limit's wait and its caps, the cooldown, the fallback's no-progress timer. The engine
+runs in-process; its every timed wait (engine.clock's `wait`) moves the frozen time
+instead of waiting it out, so a wait of an hour costs what a wait of a second does. The
+real `ralph` keeps one test of a wiring with a short real wait, said beside it
+(test_humans: a question's timeout; test_limits: a limit's; test_signals: knowledge's).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ ASK = {"role": "executor", "task": "t1",
 
 
 class Killed(BaseException):
-    """The engine ends in the middle of a wait, as under kill -9 (no state is saved on
-    the way out: the wait saves none)."""
+    """The engine's end in the middle of a wait, as kill -9 ends it (in-process, its
+    `finally` blocks run; they release the session and save no state)."""
 
 
 def killed_in_its_first_wait(clock, monkeypatch):
