@@ -19,7 +19,8 @@ from engine import clock as engine_clock
 from session_store._watch import watch
 from session_store import write_atomic
 from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata,
-                     question_files, ralph, session_dir, spawn, wait_for, write_config, write_scenario)
+                     question_files, ralph, session_dir, spawn, wait_for, write_config,
+                     write_scenario)
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent
 from support.sessions import new_session

@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 
 from support import (DONE, EVIDENCE, events, finish, held, metadata, only_session, plan,
-                     prompts, question_files, ralph, recorded, script_agent, session_dir, spawn, wait_for, work_dir)
+                     prompts, question_files, ralph, recorded, script_agent, session_dir,
+                     spawn, wait_for, work_dir)
 from support import start as start_demo
 
 

@@ -53,10 +53,10 @@ def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
 
 
 def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_path):
-    """The one real wait of a limit (5 s from the start): its wiring through the real `ralph` and its
-    agent (what status and list say meanwhile, the conversation continued after it). The
-    wait's logic (kill -9 during it, a pause, resume --now, no reset said, the cap, on_limit:
-    pause) is on the frozen clock: test_deadlines.py."""
+    """The one real wait of a limit (5 s from the start): its wiring through the real
+    `ralph` and its agent (what status and list say meanwhile, the conversation continued
+    after it). The wait's logic (kill -9 during it, a pause, resume --now, no reset said,
+    the cap, on_limit: pause) is on the frozen clock: test_deadlines.py."""
     ws = tmp_path
     # the start and the planner's run come first: the wait left is what a loaded machine
     # needs to ask the three views below at once
