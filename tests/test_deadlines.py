@@ -172,6 +172,8 @@ def test_a_limit_is_waited_out_to_its_reset_and_the_step_retried_with_nothing_sp
     assert over["why"] == "the limit reset" and over["waited_seconds"] >= 5 * 3600
     assert attempts(session) == ["done"]
     assert len(agent.runs("executor", "t1")) >= 2   # the same step, run again
+    # the wait was no work: the five hours are not in the runtime
+    assert metadata(session.dir)["usage"]["runtime_seconds"] < 60
 
 
 def test_no_reset_said_waits_the_configured_time_and_max_caps_a_long_one(workspace, clock):

@@ -83,10 +83,10 @@ def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_
     m = metadata(sd)
     assert m["fallback"]["errors"] == 0 and m["limit_wait"] is None
     assert m["status"] == "completed"
-    # the wait was no work: runtime stays below the time spent waiting
+    # waited (that the wait is no work, the runtime not counting it: test_deadlines.py,
+    # where runs take no time and a loaded machine's slow runs cannot outlast the wait)
     waited = next(e for e in events(sd) if e["topic"] == "limit.over")["payload"]
-    assert waited["waited_seconds"] >= 1.5 and m["usage"]["runtime_seconds"] < \
-        waited["waited_seconds"]
+    assert waited["waited_seconds"] >= 1.5
     # the retried run continued the agent's conversation; a new task starts afresh (the
     # reviewer's run is a conversation of its own)
     logs = sorted((work_dir(sd) / "iterations" / "1" / "logs").glob("*-executor-t1.stdout"))
