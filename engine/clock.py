@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from typing import Protocol
 
 
 CHECK_SECONDS = 30.0   # the longest a wait sleeps before it reads the wall clock again
@@ -19,6 +20,12 @@ CHECK_SECONDS = 30.0   # the longest a wait sleeps before it reads the wall cloc
 def until(deadline: datetime, now: datetime) -> float:
     """Seconds to sleep toward `deadline`: none once it has passed, at most CHECK_SECONDS."""
     return max(0.0, min((deadline - now).total_seconds(), CHECK_SECONDS))
+
+
+class Wakeup(Protocol):
+    """What the engine's timed waits wait on (a threading.Event, the lanes' Wakeups)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class SystemClock:
@@ -30,3 +37,9 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def wait(self, wakeup: Wakeup, seconds: float) -> bool:
+        """Wait up to `seconds` for `wakeup` (the watcher's): True if it was set. Every
+        timed wait of the engine (a deadline, a limit's reset, a cooldown) waits here, so
+        a test clock can pass the time instead."""
+        return wakeup.wait(seconds)

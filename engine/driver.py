@@ -337,7 +337,7 @@ class Engine:
         loop, so a wait reads the wall clock again at least every CHECK_SECONDS."""
         seconds = until(deadline, self.clock.now())
         if seconds > 0:
-            self.wakeup.wait(seconds)
+            self.clock.wait(self.wakeup, seconds)
         self.wakeup.clear()
 
     def say(self, text: str) -> None:

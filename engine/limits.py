@@ -103,7 +103,7 @@ class LimitKeeper:
         self.tracker.tick()
         try:
             while (now := self.clock.now()) < w.until:
-                self.wakeup.wait(sleep_toward(w.until, now))
+                self.clock.wait(self.wakeup, sleep_toward(w.until, now))
                 self.wakeup.clear()
                 self.tracker.rest()
                 if (stop := self.mailbox.poll(Mode.CHECKPOINT)) is not None:

@@ -182,7 +182,7 @@ class AgentRunner:
             return None
         end = self._last_run_ended + delay
         while (left := end - self.clock.monotonic()) > 0:
-            self.wakeup.wait(left)
+            self.clock.wait(self.wakeup, left)
             self.wakeup.clear()
             if (stop := self.mailbox.poll(Mode.CHECKPOINT)) is not None:
                 return stop

@@ -107,7 +107,7 @@ def act_as_the_human() -> None:
     deadline = time.monotonic() + 30
     while not os.path.exists(os.path.join(WS, "double-fork.json")) and \
             time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.05)   # poll: until the double fork's grandchild reported
     code, err = json.load(open(os.path.join(WS, "double-fork.json")))
     record("verb double fork (grandchild)", code=code, err=err[-500:])
 
@@ -183,7 +183,7 @@ def wait_for_the_test() -> None:
     open(os.path.join(WS, f"waiting-{ROLE}"), "w").close()
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(WS, "go")) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.02)   # poll: until the test says go
 
 
 def clean_the_workspace() -> None:

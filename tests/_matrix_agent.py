@@ -71,7 +71,7 @@ def request_drops(ws: str, specs: list[dict]) -> list[bool]:
                 raise SystemExit(f"matrix agent: the humans could not drop {spec['label']}")
             if time.monotonic() > give_up:
                 raise SystemExit(f"matrix agent: nobody dropped {spec['label']}")
-            time.sleep(0.005)
+            time.sleep(0.005)   # poll: until the humans dropped it (or could not)
         during.append(True)
     return during
 
@@ -101,7 +101,7 @@ def _asked(text: str) -> bool:
     while not os.path.exists(request + ".asked"):
         if time.monotonic() > give_up:
             raise SystemExit("matrix agent: nobody said whether it was asked")
-        time.sleep(0.005)
+        time.sleep(0.005)   # poll: until the test says whether it was asked
     with open(request + ".asked", encoding="utf-8") as f:
         return f.read() == "yes"
 
@@ -129,7 +129,7 @@ def main() -> int:
         if said.get("permissionDecision") != "allow":
             return 1
     if step.get("await_stop") and any(dropped):
-        time.sleep(60)
+        time.sleep(60)   # the wait is what is proven: the run is stopped by the signal dropped
         return 9
     ask = step.get("ask_once")
     if ask and not _asked(ask["text"]):

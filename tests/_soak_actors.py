@@ -48,8 +48,9 @@ def drop(session_dir: str, stop: str, seed: int, log: str, stop_at: int) -> int:
     rng = random.Random(seed)
     i = 0
     while not os.path.isdir(os.path.join(session_dir, "signals", "inputs")):
-        time.sleep(0.05)
+        time.sleep(0.05)   # poll: until the session exists
     while not _stopped(stop):
+        # the wait is what is proven: humans act at random moments of a real run
         time.sleep(rng.uniform(0.05, 0.75))
         iteration, status = _state(session_dir)
         if iteration >= stop_at or status in ("completed", "aborted"):
@@ -66,7 +67,7 @@ def drop(session_dir: str, stop: str, seed: int, log: str, stop_at: int) -> int:
 def answer(session_dir: str, stop: str, log: str) -> int:
     done: set[str] = set()
     while not os.path.isdir(os.path.join(session_dir, "questions")):
-        time.sleep(0.05)
+        time.sleep(0.05)   # poll: until the session exists
     while not _stopped(stop):
         folder = os.path.join(session_dir, "questions")
         for name in sorted(os.listdir(folder)):
@@ -83,7 +84,7 @@ def answer(session_dir: str, stop: str, log: str) -> int:
             _log(log, qid)
         if _state(session_dir)[1] in ("completed", "aborted"):
             break
-        time.sleep(0.02)
+        time.sleep(0.02)   # poll: for new questions
     return 0
 
 

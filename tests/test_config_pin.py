@@ -17,7 +17,7 @@ import pytest
 
 from session_store import create, dump_yaml
 from support import DONE, FAST, RALPH, base_env, demo_config, plan, ralph, write_config
-from support.clock import FakeClock
+from support.clock import START
 
 STEPS = [plan("t1"), *DONE]
 
@@ -32,7 +32,7 @@ def started(ws: Path, config: dict, sid: str = "s1") -> None:
     start` makes one (the store's create, its config snapshot)."""
     from engine.config import parse, to_data, without_secrets
     snapshot = dump_yaml(to_data(without_secrets(parse(dump_yaml(config), "ralph.yml"))))
-    create(str(ws), "earlier", now=FakeClock().now(), session_id=sid,
+    create(str(ws), "earlier", now=START, session_id=sid,
            config_snapshot=snapshot)
 
 

@@ -84,7 +84,7 @@ AGENTLIB = textwrap.dedent('''
         while not os.path.exists(path(name)):
             if time.monotonic() > deadline:
                 sys.exit("never saw " + name)
-            time.sleep(0.02)
+            time.sleep(0.02)   # poll: until the file appears
 
     def setsid_sleep(seconds):
         """A grandchild in a session of its own (what Claude Code's Bash tool does)."""
@@ -208,7 +208,7 @@ def test_a_finished_runs_setsid_grandchildren_and_daemons_are_stopped(workspace)
             others = [int(open(path(n)).read().split()[0])
                       for n in ("setsid.pid", "setsid1.pid", "daemon.pid")]
             while any(os.getsid(o) == mine for o in others) and time.monotonic() < deadline:
-                time.sleep(0.01)   # setsid() is called in the child, a moment after fork
+                time.sleep(0.01)   # poll: setsid() is called in the child, a moment after fork
             mark("sessions.json", json.dumps([os.getsid(o) != mine for o in others]))
             mark("executor.run", ENV["RALPH_RUN_ID"])
         elif ROLE == "reviewer":
@@ -241,14 +241,14 @@ CHILD = '''
     import signal
     if ROLE == "executor" and not os.path.exists(path("ready")):
         def saved(signum, frame):
-            time.sleep(0.5)                       # saving partial work takes a while
+            time.sleep(0.5)   # the wait is what is proven: the SIGTERM grace outlasts saving work
             mark("term.txt", "saved after SIGTERM %d" % signum)
             sys.exit(0)
         signal.signal(signal.SIGTERM, saved)
         record("child.pid", os.getpid())
         record("wrapper.pid", os.getppid())
         mark("ready")
-        time.sleep(60)
+        time.sleep(60)   # the wait is what is proven: it runs until the PAUSE stops it
         sys.exit("never stopped")
     normal()
 '''
@@ -295,7 +295,7 @@ LATE = '''
         sys.exit(0)
     signal.signal(signal.SIGTERM, late)
     mark("armed")
-    time.sleep(60)
+    time.sleep(60)   # the wait is what is proven: it runs until the run's end stops it
 '''
 
 
@@ -425,7 +425,7 @@ RACER = textwrap.dedent('''
     from session_store import outbox
     work, w, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     while not os.path.exists(go):
-        time.sleep(0.005)
+        time.sleep(0.005)   # poll: until the test says go (all racers at once)
     accepted = refused = 0
     while refused < 20 and accepted + refused < 50000:
         tick = {"w": w, "i": accepted + refused}
@@ -566,6 +566,7 @@ def test_what_outlived_its_engine_and_its_supervisor_is_stopped_on_resume(worksp
         sd = only_session(ws)
         # the agent dies with its supervisor (PR_SET_PDEATHSIG); what it started does not
         wait_for(lambda: not alive(agent), timeout=5)
+        # the wait is what is proven: a while after the agent died, they still live
         time.sleep(0.2)
         assert alive(grandchild) and alive(daemon)
         [killed_run] = runs_of(sd, "executor-t1")
@@ -643,7 +644,8 @@ def test_an_agent_that_kills_its_supervisor_ends_its_run_and_leaves_nothing(work
             record("supervisor.pid", os.getppid())
             mark("ready")
             os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(60)     # killed with its supervisor (PR_SET_PDEATHSIG)
+            # the wait is what is proven: killed with its supervisor (PR_SET_PDEATHSIG)
+            time.sleep(60)
             sys.exit("outlived its supervisor")
         normal()
     """)
@@ -881,7 +883,7 @@ TRAPPING = """
     import signal
     if ROLE == "executor" and not os.path.exists(path("ready")):
         def saved(signum, frame):
-            time.sleep(0.3)                       # saving partial work
+            time.sleep(0.3)   # the wait is what is proven: the SIGTERM grace outlasts saving work
             mark("term.txt", "saved")
             sys.exit(0)
         signal.signal(signal.SIGTERM, saved)
@@ -892,7 +894,7 @@ TRAPPING = """
         record("supervisor.pid", os.getppid())
         mark("executor.run", ENV["RALPH_RUN_ID"])
         mark("ready")
-        time.sleep(60)
+        time.sleep(60)   # the wait is what is proven: the late event comes in its SIGTERM grace
         sys.exit("never stopped")
     normal()
 """
@@ -963,7 +965,7 @@ def test_a_run_ignoring_sigterm_is_killed_after_the_grace(workspace):
             record("grandchild.pid", setsid_sleep(300))
             record("agent.pid", os.getpid())
             mark("ready")
-            time.sleep(60)
+            time.sleep(60)   # the wait is what is proven: SIGTERM ignored, it runs until SIGKILL
             sys.exit("never stopped")
         normal()
     """)
@@ -1003,7 +1005,7 @@ STUBBORN = """
     with open(sys.argv[1] + ".tmp", "w") as f:
         f.write("%d %s" % (os.getpid(), stat[stat.rfind(")") + 2:].split()[19]))
     os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-    time.sleep(300)
+    time.sleep(300)   # the wait is what is proven: SIGTERM ignored, it runs until SIGKILL
 """
 
 
@@ -1022,7 +1024,7 @@ def test_an_unmarked_descendant_is_killed_even_when_its_parents_die_first(worksp
                               path("stubborn.pid")])
             wait_file("stubborn.pid")
             mark("ready")
-            time.sleep(60)
+            time.sleep(60)   # the wait is what is proven: it runs until the engine stops it
         normal()
     """, command=["sh", "-c", f"'{sys.executable}' '{ws}/agent.py'; echo wrapped"])
     proc = spawn_start(ws, "u1")
@@ -1070,7 +1072,7 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
             record("grandchild.pid", setsid_sleep(300))
             record("supervisor.pid", os.getppid())
             mark("ready")
-            time.sleep(60)
+            time.sleep(60)   # the wait is what is proven: it runs until the engine stops it
         normal()
     """)
     # started as RALPH_WORKSPACE=<the link>, killed, resumed from the real directory

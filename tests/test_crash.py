@@ -232,6 +232,7 @@ def test_kill_at_random_moments_then_resume_completes(tmp_path, baseline):
                       env=base_env(RALPH_DEMO_SLEEP_SCALE="0.2"))
             wait_for(lambda: (session_dir(ws) / "metadata.yaml").exists()
                      or p.poll() is not None, timeout=30)
+            # the wait is what is proven: killed `delay` seconds into the run (the crash's instant)
             time.sleep(delay)
             killed = p.poll() is None
             if killed:

@@ -158,24 +158,6 @@ def test_errors_trigger_error_recovery(workspace):
     assert proc.returncode == 0, out + err
 
 
-def test_no_progress_triggers_guidance(workspace):
-    steps = [{"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {
-                 "tasks": [{"id": "t1", "title": "A"}, {"id": "t2", "title": "B", "batch": 2}]}}]},
-             {"role": "reviewer", "task": "t1", "sleep": 1.5, "emit": [
-                 {"topic": "review.done", "payload": "tests: pass, build: pass"}]},
-             *DONE]
-    # t1 completes at once, then its review takes 1.5 s: no task completes meanwhile
-    proc = start(workspace, steps, {"fallback": {"no_progress_minutes": 0.02}})
-    sd = session_dir(workspace, "fb")
-    q = wait_question(sd)
-    assert "**Issue**: Guidance" in q["text"] and "no task completed for" in q["text"]
-    # a slow machine may go 1.2 s without progress again later: answer until it ends
-    while proc.poll() is None:
-        ralph(workspace, "session", "answer", "fb", "carry on")
-        time.sleep(0.2)
-    assert proc.returncode == 0, proc.communicate()
-
-
 def test_answer_above_autonomous_continue_goes_back_to_autonomous(workspace):
     proc = start(workspace, [{"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready",
                  "json": {"tasks": [{"id": "t1", "title": "A"}, {"id": "t2", "title": "B", "batch": 2}]}}]},
@@ -337,8 +319,9 @@ def test_priority_steer_interrupts_and_reruns_with_the_message(workspace):
              *DONE]
     proc = start(workspace, steps, {"fallback": {"enabled": False}})
     sd = session_dir(workspace, "fb")
-    wait_for(lambda: run_logs(sd, "*-executor-t1.stdout"), timeout=30)
-    time.sleep(0.3)
+    # underway: the demo agent's first line (its conversation) is in its log
+    wait_for(lambda: [p for p in run_logs(sd, "*-executor-t1.stdout") if p.stat().st_size],
+             timeout=30)
     started = time.monotonic()
     r = ralph(workspace, "signal", "steer", "Use Firefox only", "--priority", "--session", "fb")
     assert r.returncode == 0

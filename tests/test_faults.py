@@ -10,17 +10,17 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
 
 from engine import clock as engine_clock
-from engine.clock import SystemClock
 from session_store._watch import watch
 from session_store import write_atomic
-from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata, ralph,
-                     session_dir, spawn, wait_for, write_config, write_scenario)
+from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata,
+                     question_files, ralph, session_dir, spawn, wait_for, write_config,
+                     write_scenario)
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent
 from support.sessions import new_session
@@ -107,6 +107,7 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
     try:
         wait_for(lambda: sd.exists() and list((sd / "questions").glob("*.yaml")), timeout=60)
         os.kill(engine.pid, signal.SIGSTOP)
+        [question] = question_files(sd)
         view = json.loads(ralph(workspace, "session", "status", "f1", "--json").stdout)
         assert view["running"] and view["engine_stopped"], view
         text = ralph(workspace, "session", "status", "f1").stdout
@@ -114,7 +115,8 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
         assert " stopped" in ralph(workspace, "session", "list").stdout
         second = ralph(workspace, "session", "resume", "f1")
         assert second.returncode == 2 and "locked by a running engine" in second.stderr
-        time.sleep(4)                       # the question's deadline passes while frozen
+        # the wait is what is proven: the question's deadline passes while it is frozen
+        time.sleep(max(0.0, _seconds_until(question["deadline"])) + 0.2)
         os.kill(engine.pid, signal.SIGCONT)
         code, out, err = finish(engine, timeout=60)
     finally:
@@ -127,45 +129,45 @@ def test_a_frozen_engine_is_seen_refuses_a_second_and_applies_a_passed_deadline_
     assert metadata(sd)["status"] == "completed"
 
 
+def _seconds_until(when) -> float:
+    """Seconds from now to `when` (a question file's deadline, as YAML reads it)."""
+    when = when if isinstance(when, datetime) else datetime.fromisoformat(when)
+    return (when - datetime.now(timezone.utc)).total_seconds()
+
+
 # --- the wall clock stepped while a question waits ---
-
-class SteppedClock(SystemClock):
-    """The system's clock, stepped by the test as NTP would step it."""
-
-    def __init__(self):
-        self.step = timedelta(0)
-
-    def now(self):
-        return super().now() + self.step
-
 
 @pytest.mark.parametrize("step", [timedelta(hours=1), timedelta(hours=-1)],
                          ids=["forward", "back"])
 def test_a_stepped_clock_neither_loses_a_deadline_nor_fires_it_early(
-        workspace, monkeypatch, step):
+        workspace, clock, monkeypatch, step):
     """The rule (engine/clock.py): a deadline is a wall-clock instant; a step forward past
-    it fires it within CHECK_SECONDS; a step back postpones it by the step."""
-    monkeypatch.setattr(engine_clock, "CHECK_SECONDS", 0.1)
-    clock = SteppedClock()
+    it fires it at the next reading of the clock; a step back postpones it by the step,
+    the wait reading the clock again at least every CHECK_SECONDS. The clock is stepped
+    (freezegun) during the hold's first wait, as NTP would step it."""
     session = new_session(workspace, clock=clock)
+    timeout = 600 if step > timedelta(0) else 2
     engine = engine_for(session, RecordingAgent(), clock=clock,
-                        config=config({"RObot": {"timeout_seconds": 600 if step.total_seconds() > 0
-                                                 else 2}}))
+                        config=config({"RObot": {"timeout_seconds": timeout}}))
     question = engine.desk.ask("Deploy now?", on_timeout="continue")
-    held = threading.Thread(target=engine.desk.hold)
-    held.start()
-    time.sleep(0.3)
-    assert held.is_alive()                      # waiting for its deadline
-    clock.step = step
-    if step.total_seconds() > 0:                # past the deadline: it fires at once
-        held.join(2)
-        assert not held.is_alive(), "a deadline the clock stepped past was not applied"
-    else:                                       # the 2 s deadline is now an hour away
-        time.sleep(2.5)
-        assert held.is_alive(), "a deadline fired before the wall clock reached it"
-        clock.step = timedelta(0)               # the clock is put right: it fires
-        held.join(2)
-        assert not held.is_alive()
+    asked = clock.now()
+    waits: list[float] = []
+    waited = clock.wait
+
+    def stepped_during_the_first_wait(wakeup, seconds):
+        waits.append(seconds)
+        if len(waits) == 1:
+            clock.frozen.tick(step)
+            return False
+        return waited(wakeup, seconds)
+    monkeypatch.setattr(clock, "wait", stepped_during_the_first_wait)
+    engine.desk.hold()
+    if step > timedelta(0):          # stepped past the deadline: fired at once
+        assert clock.now() == asked + step and len(waits) == 1
+    else:                            # the 2 s deadline became an hour away: fired then
+        assert clock.now() == question.deadline
+        assert sum(waits[1:]) == pytest.approx(timeout - step.total_seconds())
+    assert max(waits) <= engine_clock.CHECK_SECONDS
     timeouts = [e for e in events(session.dir) if e["topic"] == "human.timeout"]
     assert len(timeouts) == 1 and timeouts[0]["payload"]["id"] == question.id
 
@@ -212,7 +214,7 @@ def test_a_file_that_cannot_be_watched_alone_is_watched_through_its_directory(tm
         watching()
 
 
-def test_the_engine_says_so_when_no_watcher_works(workspace, monkeypatch):
+def test_the_engine_says_so_when_no_watcher_works(workspace, clock, monkeypatch):
     import watchdog.observers
     import watchdog.observers.polling
 
@@ -223,7 +225,7 @@ def test_the_engine_says_so_when_no_watcher_works(workspace, monkeypatch):
     monkeypatch.setattr(watchdog.observers.polling, "PollingObserver", Broken)
     session = new_session(workspace)
     out = io.StringIO()
-    engine = engine_for(session, RecordingAgent(otherwise=SUCCEED), out=out)
+    engine = engine_for(session, RecordingAgent(otherwise=SUCCEED), clock=clock, out=out)
     assert engine.run() == 0
     assert "no file-system watcher works here" in out.getvalue()
     failed = [e for e in events(session.dir) if e["topic"] == "engine.watcher_failed"]

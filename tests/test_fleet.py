@@ -317,7 +317,7 @@ if os.environ["RALPH_ROLE"] == "executor" and os.environ.get("RALPH_TASK_ID") ==
         and not os.path.exists(polled):
     open(os.path.join(ws, "ready"), "w").close()
     while not os.path.exists(os.path.join(ws, "dropped")):
-        time.sleep(0.05)
+        time.sleep(0.05)   # poll: until the test dropped the signals
     out = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
                           "--json"], capture_output=True, text=True, check=True).stdout
     with open(polled, "w") as f:

@@ -253,15 +253,6 @@ def test_planner_without_a_plan_pauses(workspace):
     assert "the planner produced no plan" in metadata(sd)["orchestrator"]["pause_reason"]
 
 
-def test_cooldown_between_runs(workspace):
-    import time
-    started = time.monotonic()
-    r, sd = run_scenario(workspace, [plan("t1"), *DONE],
-                         config={"event_loop": {"cooldown_delay_seconds": 0.4}})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert time.monotonic() - started >= 0.4 * 3  # 4 runs: 3 cooldowns
-
-
 # --- presets, cost, max_cost_usd ---
 
 STANDIN = textwrap.dedent("""\

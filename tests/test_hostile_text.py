@@ -30,6 +30,8 @@ STEPS = [
         {"topic": "human.progress", "payload": HOSTILE},
         {"topic": "build.done", "payload": EVIDENCE}]},
     *DONE]
+# a real 1 s deadline: the real `ralph` pauses on the question, and every view then shows
+# its hostile text as a pause reason (a timeout's logic: test_deadlines.py)
 ROBOT = {"RObot": {"timeout_seconds": 1, "on_timeout": "pause"}, "fallback": {"enabled": False}}
 
 

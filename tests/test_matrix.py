@@ -67,7 +67,7 @@ import threading
 import urllib.parse
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -307,6 +307,7 @@ class Human(threading.Thread):
         super().__init__(daemon=True)
         self.ws = ws
         self.plane = plane or FilePlane(ws, SID)
+        self.dropped_at = datetime.min.replace(tzinfo=timezone.utc)
         self.seen: set[str] = set()
         self.dropped: set[str] = set()
         self.unexpected: list[str] = []
@@ -372,8 +373,10 @@ class Human(threading.Thread):
                 return
 
     def drop(self, spec: dict) -> None:
-        self.plane.drop(spec, datetime.now(timezone.utc))
-        time.sleep(0.003)   # names start with the time in ms: keep the drops in order
+        # names start with the time in ms: each drop a ms after the last keeps them in order
+        self.dropped_at = max(datetime.now(timezone.utc),
+                              self.dropped_at + timedelta(milliseconds=1))
+        self.plane.drop(spec, self.dropped_at)
 
     def tick(self) -> None:
         try:

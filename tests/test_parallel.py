@@ -51,11 +51,11 @@ elif role == "executor":
                   for t in spec.get("barrier", [])):
         if time.monotonic() > deadline:
             sys.exit("the barrier: the other tasks never started")
-        time.sleep(0.02)
+        time.sleep(0.02)   # poll: until the barrier's other tasks started
     if me.get("hold"):
         open(os.path.join(shared, f"{task}.held"), "w").close()
         while not os.path.exists(os.path.join(shared, f"{task}.go")):
-            time.sleep(0.02)
+            time.sleep(0.02)   # poll: until the test lets the held task go
     if "merge.conflict" in prompt and me.get("on_conflict") == "merge":
         with open(os.path.join(here, me["file"]), "a") as f:   # on top of the merged tree
             f.write(me["text"])

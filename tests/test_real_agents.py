@@ -139,7 +139,9 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
     assert time.monotonic() - asked < 10
     assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))
     assert not recorded_alive(r.ws)
-    time.sleep(9)   # past the command's `sleep 8; ralph emit build.done`
+    # the wait is what is proven: past the command's `sleep 8; ralph emit build.done`, no
+    # event lands
+    time.sleep(9)
     topics = [e["topic"] for e in events(sd)]
     assert "build.done" not in topics, topics
     assert metadata(sd)["status"] == "aborted"
@@ -380,6 +382,7 @@ def test_an_ask_answered_after_150_seconds_still_reaches_the_agent(tmp_path):
         for r in rigs:
             wait_for(lambda: r.session_dir().exists()
                      and list((r.session_dir() / "questions").glob("*.yaml")), timeout=60)
+        # the wait is what is proven: each CLI's ask outlives its own 60/120 s default
         time.sleep(150)
         for r in rigs:
             answered = r.ralph("session", "answer", "real", "postgres")

@@ -99,7 +99,7 @@ def wait(ready, what):
     while not ready():
         if time.monotonic() > deadline:
             sys.exit(f"waited in vain: {what}")
-        time.sleep(0.02)
+        time.sleep(0.02)   # poll: until `ready`
 
 
 if role == "planner":
@@ -206,7 +206,7 @@ def forge():
             except OSError as e:
                 record("forged", f"{type(e).__name__}: {e}")
             return
-        time.sleep(0.01)
+        time.sleep(0.01)   # poll: for the request to forge an answer to
 
 
 threading.Thread(target=forge, daemon=True).start()

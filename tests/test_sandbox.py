@@ -244,12 +244,12 @@ GRACEFUL = '''
     ws = os.environ["RALPH_WORKSPACE"]
     if sys.argv[1:] == ["child"]:
         def saved(signum, frame):
-            time.sleep(0.5)
+            time.sleep(0.5)   # the wait is what is proven: the SIGTERM grace outlasts saving work
             open(os.path.join(ws, "term.txt"), "w").write(f"saved after {signum}")
             sys.exit(0)
         signal.signal(signal.SIGTERM, saved)
         open(os.path.join(ws, "ready"), "w").close()
-        time.sleep(60)
+        time.sleep(60)   # the wait is what is proven: it runs until stopped
     subprocess.run([sys.executable, __file__, "child"])
 '''
 

@@ -371,7 +371,7 @@ HOSTILE = textwrap.dedent('''
         ws = Path(env["RALPH_WORKSPACE"])
         (ws / "ready").touch()
         while not (ws / "go").exists():
-            time.sleep(0.02)
+            time.sleep(0.02)   # poll: until the test says go
         sys.exit(0)   # emits nothing: the task's next attempt runs
     os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
 ''')

@@ -298,8 +298,8 @@ def test_sigint_and_sigterm_leave_the_session_resumable(workspace):
     for signum, code, sid in ((sig.SIGINT, 130, "int"), (sig.SIGTERM, 143, "term")):
         proc = spawn(workspace, "session", "start", "obj", "--id", sid)
         sd = session_dir(workspace, sid)
-        wait_for(lambda: run_logs(sd, "*-executor-slow.stdout"))
-        time.sleep(0.3)
+        # underway: the demo agent's first line (its conversation) is in its log
+        wait_for(lambda: [p for p in run_logs(sd, "*-executor-slow.stdout") if p.stat().st_size])
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == code, err

@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from engine.prompt import build as build_prompt
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
                      progress_markers, ralph, session_dir, signal_files, spawn, transitions,
-                     work_dir, write_config, write_scenario)
+                     wait_for, work_dir, write_config, write_scenario)
 from session_store import BadInput, signals
 
 
@@ -83,7 +83,7 @@ AGENT = textwrap.dedent('''
             while not os.path.exists(path + ".done"):
                 if os.path.exists(path + ".failed") or time.monotonic() > deadline:
                     return False
-                time.sleep(0.02)
+                time.sleep(0.02)   # poll: until the humans served the request
             return True
 
         if step.get("signals"):  # the humans drop them (outside this run), then it goes on
@@ -104,7 +104,7 @@ AGENT = textwrap.dedent('''
             while not os.path.exists(os.path.join(ws, step["wait_for"])):
                 if time.monotonic() > deadline:
                     return 9
-                time.sleep(0.05)
+                time.sleep(0.05)   # poll: until the test writes the file waited for
         return demo_agent.play(step, env)
 
     sys.exit(main())
@@ -217,16 +217,6 @@ def spawn_start(ws: Path, sid: str = "s1", env: dict | None = None) -> subproces
 def resume(ws: Path, sid: str = "s1", *extra, env: dict | None = None):
     with humans(ws):
         return ralph(ws, "session", "resume", sid, *extra, env=env or base_env(**FAST))
-
-
-def wait_until(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def prompts(ws: Path) -> list[tuple[str, str]]:
@@ -404,7 +394,7 @@ def test_pause_stops_a_sleeping_agent_and_resume_continues(workspace):
     setup(ws, [plan("t1", "t2"), DONE, {**EXECUTE, "task": "t1", "sleep": 60}, EXECUTE, REVIEW])
     began = time.monotonic()
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    wait_until(_running(ws, r"executor-t1"), what="the executor of t1 to start")
+    wait_for(_running(ws, r"executor-t1"), timeout=30, what="the executor of t1 to start")
     r = ralph(ws, "signal", "pause", "check the API spec first")
     assert r.returncode == 0, r.stderr
     code, out, err = finish(proc)
@@ -444,7 +434,7 @@ def test_abort_stops_a_sleeping_agent_and_runs_the_cleanup_checklist(workspace):
                EXECUTE, REVIEW])
     began = time.monotonic()
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    wait_until(_running(ws, r"executor-t2"), what="the executor of t2 to start")
+    wait_for(_running(ws, r"executor-t2"), timeout=30, what="the executor of t2 to start")
     r = ralph(ws, "signal", "abort", "wrong direction")
     assert r.returncode == 0, r.stderr
     code, out, err = finish(proc)
@@ -512,16 +502,19 @@ def test_approve_promotes_and_a_stale_approve_is_rejected(workspace):
     setup(ws, KNOWLEDGE_STEPS, knowledge={"approval": "required", "timeout_seconds": 60})
     began = time.monotonic()
     proc = spawn_start(ws)
-    sdir = wait_until(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
-                      what="the session")
-    wait_until(lambda: _state(sdir) == "KNOWLEDGE_APPROVAL", what="KNOWLEDGE_APPROVAL")
+    sdir = wait_for(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
+                    timeout=30, what="the session")
+    wait_for(lambda: _state(sdir) == "KNOWLEDGE_APPROVAL", timeout=30,
+             what="KNOWLEDGE_APPROVAL")
 
     r = ralph(ws, "signal", "approve", "old news", "--iteration", "7")
     assert r.returncode == 0, r.stderr
-    wait_until(lambda: signal_files(sdir, "rejected"), what="the stale APPROVE rejected")
+    wait_for(lambda: signal_files(sdir, "rejected"), timeout=30,
+             what="the stale APPROVE rejected")
     [stale] = signal_files(sdir, "rejected").values()
     assert stale["type"] == "APPROVE" and "stale" in stale["rejection"]["reason"]
     assert stale["rejection"]["at"]
+    # the wait is what is proven: given time to act on the stale APPROVE, it did not
     time.sleep(0.3)
     assert proc.poll() is None and _state(sdir) == "KNOWLEDGE_APPROVAL"  # still waiting
     assert (work_dir(sdir) / "iterations/1/knowledge/notes.md").exists()
@@ -568,6 +561,8 @@ def test_skip_keeps_knowledge_staged(workspace):
 
 def test_knowledge_timeout_carries_it_to_the_next_iteration(workspace):
     ws = workspace
+    # a real 1 s timeout: the one test of its wiring through the real `ralph` (the
+    # timeout's logic, on the frozen clock: test_deadlines.py)
     setup(ws, KNOWLEDGE_STEPS, knowledge={"approval": "required", "timeout_seconds": 1})
     r = start(ws)
     assert r.returncode == 0, r.stderr
@@ -654,7 +649,7 @@ def test_four_writers_a_thousand_signals_each_processed_exactly_once(workspace):
                {**EXECUTE, "task": "t8", "wait_for": "writers-done"},
                {**EXECUTE, "sleep": 0.4}, REVIEW])
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    wait_until(_running(ws, r"executor-t1"), what="the executor of t1 to start")
+    wait_for(_running(ws, r"executor-t1"), timeout=30, what="the executor of t1 to start")
     sdir = str(session_dir(ws, "s1"))
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_drop_many, args=(sdir, w, 250, str(ws / f"dropped-{w}")))
@@ -956,7 +951,7 @@ def test_a_session_rejects_non_files_and_duplicate_keys_with_the_reason(workspac
     ws = workspace
     setup(ws, [{**plan("t1"), "wait_for": "planted"}, DONE, EXECUTE, REVIEW])
     proc = spawn_start(ws)
-    wait_until(_running(ws, r"planner"), what="the planner to run")
+    wait_for(_running(ws, r"planner"), timeout=30, what="the planner to run")
     sdir = only_session(ws)
     inputs, _, rejected = (Path(p) for p in signals.dirs(str(sdir)))
     abort = ws / "abort.yaml"
@@ -1017,8 +1012,8 @@ def test_a_session_consumes_a_generated_batch_of_bad_and_good_signals(workspace)
         b"type: STEER\nmessage: " + b"x" * (MAX - 100) + b"\n",
         b"type: INFO\nmessage: " + b"x" * (MAX + 1) + b"\n"]
     proc = spawn_start(ws, env=base_env(RALPH_DEMO_SLEEP_SCALE=1))
-    sdir = wait_until(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
-                      what="the session")
+    sdir = wait_for(lambda: session_dir(ws, "s1").is_dir() and session_dir(ws, "s1"),
+                    timeout=30, what="the session")
     inputs = sdir / "signals/inputs"
     names = []
     for i, raw in enumerate(batch):  # written aside, renamed in, while the planner runs

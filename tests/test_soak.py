@@ -112,7 +112,7 @@ def soak(root: Path) -> None:
                     at[sample] = time.monotonic() - began
             if time.monotonic() - began > 1800:
                 pytest.fail(f"the soak ran for 30 minutes; it stood at iteration {n}")
-            time.sleep(0.02)
+            time.sleep(0.02)   # poll: the engine's memory sampled at each iteration
         elapsed = time.monotonic() - began
     finally:
         stop.touch()

@@ -396,7 +396,7 @@ def test_a_watch_names_what_changed(store):
 def _hold_channel_lock(files, ready):
     lock = files.try_lock()   # held while this process lives
     ready.put(lock is not None)
-    time.sleep(60)   # until killed
+    time.sleep(60)   # the wait is what is proven: it holds the lock until killed
 
 
 def test_one_process_at_a_time_holds_a_channels_lock(store):

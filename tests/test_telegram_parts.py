@@ -241,10 +241,12 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
                 new = [q for q in questions.questions(sdir) if q.id not in seen]
                 if new:
                     left = (new[0].deadline - now()).total_seconds() + offset
+                    # the wait is what is proven: the channel gives up at `offset` from the
+                    # deadline the engine waits for in real time (the race)
                     time.sleep(max(0.0, left))
                     marked.append(questions.mark_undeliverable(sdir, new[0].id, now()))
                     return
-                time.sleep(0.0005)
+                time.sleep(0.0005)   # poll: until the engine asked this round's question
         thread = threading.Thread(target=channel)
         thread.start()
         rid = outbox.new_request_id()

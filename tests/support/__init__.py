@@ -9,8 +9,8 @@
     scripted    script_agent: a real agent program running the test's code inside a run,
                 held there while the test acts from outside (held, recorded)
     sessions    a session created in-process (fixtures workspace, clock, session)
-    clock       FakeClock: the engine's clock, moved by the test
-    engines     an Engine in-process over a session, on the fake clock (imports the engine)
+    clock       FrozenClock: the engine's clock on freezegun's time, moved by the test
+    engines     an Engine in-process over a session, on the frozen clock (imports the engine)
     recording   RecordingAgent: the one in-process agent, scripted steps, invocations kept
     agents, model_server   the real agent CLIs against a scripted model server
     users       another local user (setpriv/runuser), for what other users can reach
@@ -18,7 +18,7 @@
 The light modules are re-exported here; engines, recording and users are imported by name.
 """
 from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
-from .clock import FakeClock
+from .clock import FrozenClock
 from .disk import (append_raw, events, metadata, only_session, progress_markers,
                    progress_view_markers, prompts, question_files, run_logs, session_dir, session_dirs, signal_files,
                    taken_marks, topics, transitions, work_dir)
@@ -28,7 +28,7 @@ from .scripted import held, recorded, script_agent
 from .sessions import new_session
 
 __all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "spawn", "wait_for",
-           "FakeClock", "append_raw", "events", "metadata", "only_session", "progress_markers",
+           "FrozenClock", "append_raw", "events", "metadata", "only_session", "progress_markers",
            "progress_view_markers", "prompts", "question_files", "run_logs", "session_dir", "session_dirs",
            "signal_files", "taken_marks", "topics", "transitions", "work_dir", "DONE",
            "EVIDENCE", "QUALITY", "REVIEW_OK", "demo_config", "plan", "start", "write_config",

@@ -120,5 +120,5 @@ def wait_for_process(work: Path, needle: str, timeout: float = 60) -> int:
         for pid, cmd in processes_marked(work) if work.exists() else []:
             if needle in cmd:
                 return pid
-        time.sleep(0.05)
+        time.sleep(0.05)   # poll: until the process runs
     raise AssertionError(f"no process running {needle!r} in {work}")

@@ -49,12 +49,13 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def wait_for(predicate, timeout: float = 20, interval: float = 0.02):
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+def wait_for(predicate, timeout: float = 20, interval: float = 0.02, what: str = ""):
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds
+    (saying `what` it waited for, or the predicate)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)   # poll: until the predicate holds
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")

@@ -18,6 +18,7 @@ A step (a dict; every key optional):
     stdout, text     what it printed, and its last words (RunReport.text)
     exit_code, stderr_tail, timed_out
     tokens           (input, output) it reports; cost_usd: the cost its CLI reports
+    limit            a UsageLimit: the run ends on its CLI's usage limit (exit 1)
 An invocation no step matches plays `otherwise`: EMPTY (nothing emitted, exit 0) or
 SUCCEED (each role's success: planner LOOP_COMPLETE, executor build.done with evidence,
 reviewer review.done; nothing for the others).
@@ -108,12 +109,14 @@ class RecordingAgent:
             publish(env["RALPH_SESSION_DIR"], topic, payload, run=env["RALPH_RUN_ID"])
         stopped = should_stop() if should_stop is not None else None
         tokens = step.get("tokens", (0, 0))
-        return Outcome(exit_code=None if stopped else step.get("exit_code", 0),
+        limit = step.get("limit")
+        return Outcome(exit_code=None if stopped else 1 if limit else step.get("exit_code", 0),
                        timed_out=step.get("timed_out", False), stopped=stopped,
                        stdout=step.get("stdout", ""), stderr_tail=step.get("stderr_tail", ""),
                        report=RunReport(text=step.get("text", ""), input_tokens=tokens[0],
                                         output_tokens=tokens[1],
-                                        cost_usd=step.get("cost_usd")))
+                                        cost_usd=step.get("cost_usd")),
+                       limit=limit)
 
     def _take(self, role: str, task: str | None) -> dict | None:
         for n, i in enumerate(self._left):

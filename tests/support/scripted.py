@@ -61,7 +61,7 @@ def hold(name):
     while not os.path.exists(go):
         if time.monotonic() > deadline:
             sys.exit(f"hold {{name}}: the test never let it go on")
-        time.sleep(0.02)
+        time.sleep(0.02)   # poll: until the test lets it go on
 
 
 role = os.environ["RALPH_ROLE"]

@@ -1,24 +1,25 @@
 """Sessions in-process: a session created by the store in a temporary workspace, at the
-time of a clock the test moves. Light (the store only): conftest registers the fixtures
+start of the clock the test moves (support/clock.py). conftest registers the fixtures
 `workspace`, `clock` and `session` from here for every test.
 
 An engine over such a session, played by an in-process agent, is in engines.py.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from session_store import Limits, Session, create
 
-from .clock import FakeClock
+from .clock import START, FrozenClock, frozen_clock
 
 
 def new_session(workspace, objective: str = "in-process objective", sid: str = "s1", *,
                 clock=None, limits: Limits | None = None) -> Session:
     """A new session of `workspace`, created by the store as `ralph session start` does."""
-    now = (clock or FakeClock()).now()
+    now = clock.now() if clock is not None else START
     return create(str(workspace), objective, now=now, session_id=sid, limits=limits)
 
 
@@ -30,11 +31,14 @@ def workspace(tmp_path) -> Path:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> Iterator[FrozenClock]:
+    """The engine's clock, frozen (freezegun) at START for the test, which moves it."""
+    with frozen_clock() as frozen:
+        yield frozen
 
 
 @pytest.fixture
-def session(workspace, clock) -> Session:
-    """A new session ("s1") of the test's workspace, created at the fake clock's now."""
-    return new_session(workspace, clock=clock)
+def session(workspace) -> Session:
+    """A new session ("s1") of the test's workspace, created at START (the clock's start;
+    the session alone freezes nothing)."""
+    return new_session(workspace)
