@@ -33,7 +33,7 @@ _WHERE = {
     "SessionMetadata": "_metadata", "IterationMetadata": "_metadata",
     "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata",
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",
-    "TaskCounts": "_metadata", "LimitWait": "_metadata", "GitInfo": "_metadata",
+    "TaskCounts": "_progress", "LimitWait": "_metadata", "GitInfo": "_metadata",
     "InterruptedRun": "_metadata",
     "keep_bounded": "_runlog", "MAX_LOG_BYTES": "_runlog",
     "write_atomic": "_atomic", "make_dirs": "_atomic", "read_nofollow": "_atomic",
