@@ -9,23 +9,23 @@ import shutil
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._atomic import fsync_dir, make_dirs, read_nofollow, write_atomic
-from . import _diagnostics
-from ._work import WorkArea
-from ._codec import structure, unstructure
-from ._errors import BadInput, StaleMetadata, UnknownSession
-from ._events import (EventReader, OnceIndex, append_event, append_once, backwards,
+from .._atomic import fsync_dir, make_dirs, read_nofollow, write_atomic
+from .. import _diagnostics
+from .._work import WorkArea
+from .._codec import structure, unstructure
+from .._errors import BadInput, StaleMetadata, UnknownSession
+from .._events import (EventReader, OnceIndex, append_event, append_once, backwards,
                       events_after, last_event, last_seq, tail_events)
-from ._iteration import METADATA_FILE, Iteration
-from ._metadata import GitInfo, Limits, SessionMetadata
-from ._faults import DiskFaults
-from ._places import (StateDirInWorkspace, check_places, check_state_dir, control_root,
+from .._iteration import METADATA_FILE, Iteration
+from .._metadata import GitInfo, Limits, SessionMetadata
+from .._faults import DiskFaults
+from .._places import (StateDirInWorkspace, check_places, check_state_dir, control_root,
                       make_control_root, store_url, work_root)
-from ._schema import dump_plain, parse_yaml
-from ._types import Status
+from .._schema import dump_plain, parse_yaml
+from .._types import Status
 
 if TYPE_CHECKING:
-    from ._interface import BusReader, Lease, Questions, Signals, Wakeups
+    from .._interface import BusReader, Lease, Questions, Signals, Wakeups
 
 CONFIG_SNAPSHOT = "config.yaml"
 SUMMARY_FILE = "summary.md"
@@ -51,7 +51,7 @@ def fleet_store(workspace: str | None):
     url = store_url()
     if url is None:
         return None
-    from ._postgres import PostgresSessions
+    from ..postgres import PostgresSessions
     return PostgresSessions(url, workspace)
 
 
@@ -129,12 +129,12 @@ class Session(DiskFaults):
 
     def running_pid(self) -> int | None:
         """The pid of the engine running the session, or None when none does."""
-        from ._lock import running_pid
+        from .._lock import running_pid
         return running_pid(self.dir)
 
     def acquire_lease(self, wait_seconds: float = 0.2) -> "Lease":
         """One engine per session: held for the engine's lifetime, else SessionLocked."""
-        from ._lock import acquire
+        from .._lock import acquire
         return acquire(self.dir, self.id, wait_seconds)
 
     # --- the bus ---
@@ -190,13 +190,13 @@ class Session(DiskFaults):
         Calling the result stops it; its `failed` says why no watcher works (it polls
         every second then)."""
         from ._changes import engine_watch_paths
-        from ._watch import watch
+        from .._watch import watch
         paths, trees = engine_watch_paths(self.dir)
         return watch(paths, wakeup, trees=trees)
 
     def follow(self, wakeup) -> "Wakeups":
         """Set `wakeup` when the bus grows (and at other writes beside it)."""
-        from ._watch import watch
+        from .._watch import watch
         return watch([self.dir], wakeup)
 
     def last_event(self, match) -> dict | None:

@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 
 
-from ._errors import BadInput
-from ._events import EVENTS_FILE
-from ._questions import question_id
+from .._errors import BadInput
+from .._events import EVENTS_FILE
+from .._questions import question_id
 from ._session import check_id
 
 QUESTIONS_DIR = "questions"

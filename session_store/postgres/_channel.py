@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 
-from .._channels import ChannelFiles
-from .._session import check_id
+from ..files._channels import ChannelFiles
+from ..files._session import check_id
 from ._db import HeldByConnection, database, scalar, shown_url
 
 # --- a channel's own state and its one-process lock, fleet-wide ---

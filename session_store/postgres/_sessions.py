@@ -11,7 +11,7 @@ from typing import Callable
 
 import psycopg
 
-from .._changes import Change
+from ..files._changes import Change
 from .._codec import structure, unstructure
 from .._errors import BadInput, StaleMetadata, UnknownSession
 from .._events import ONCE, _without_lone_surrogates, now_iso
@@ -19,7 +19,7 @@ from .._iteration import Iteration
 from .._metadata import GitInfo, Limits, SessionMetadata
 from .._places import StateDirInWorkspace, check_places, check_state_dir, make_control_root
 from .._schema import dump_plain, parse_yaml
-from .._session import SCRATCHPAD_FILE, Session, check_id, new_session_id
+from ..files._session import SCRATCHPAD_FILE, Session, check_id, new_session_id
 from ._db import (CHANNEL, Database, _notify, database, session_channel, shown_url,
                   this_machine)
 from ._lease import PostgresLease, _lease_holder

@@ -11,17 +11,17 @@ import fcntl
 import os
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from ._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
+from .._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
 from ._changes import Change, change_at, watch_paths
-from ._errors import BadInput
-from ._events import events_after, last_seq
+from .._errors import BadInput
+from .._events import events_after, last_seq
 from ._handles import SessionQuestions
-from ._places import check_places, make_control_root
+from .._places import check_places, make_control_root
 from ._session import (Session, check_id, fleet_store, list_ids, load, sessions_root,
                        store_url)
 
 if TYPE_CHECKING:
-    from ._interface import Held
+    from .._interface import Held
 
 
 def open_sessions(workspace: str) -> "Sessions":
@@ -35,7 +35,7 @@ def open_channel(workspace: str, channel: str) -> "ChannelFiles":
     url = store_url()
     if url is None:
         return ChannelFiles(workspace, channel)
-    from ._postgres import PostgresChannel
+    from ..postgres import PostgresChannel
     return PostgresChannel(workspace, channel, url)
 
 
@@ -84,7 +84,7 @@ class Sessions:
             change = change_at(self._root, path)
             if change is not None:
                 notify(change)
-        from ._watch import watch
+        from .._watch import watch
         paths = [self._root] + [p for sid in self.ids() for p in watch_paths(self._dir(sid))
                                 if os.path.isdir(p)]
         return SessionsWatch(watch(paths, None, notify=changed), self)
