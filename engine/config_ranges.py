@@ -7,7 +7,8 @@ import math
 
 from session_store import ROLES, shown
 
-from .config import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError, OnLimit)
+from .config_types import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError,
+                           OnLimit)
 
 MAX_PARALLEL = 32   # agents of one batch at once
 MAX_SECONDS = 1e9   # ~31 years: a deadline further off overflows datetime and thread waits

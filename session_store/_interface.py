@@ -3,12 +3,21 @@ the PostgreSQL store's both implement them (mypy checks it, tests/test_lint.py),
 nothing above the store sees more of either."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ._questions import Answer, Question, QuestionStatus
     from ._signals import Signal
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a store's watch of its sessions reports (`Sessions.watch`)."""
+    session: str
+    what: str                   # session (its directory) | events | question
+    question: str | None = None
 
 
 class BusReader(Protocol):

@@ -10,7 +10,7 @@ from datetime import datetime
 from attrs import field
 from attrs.validators import in_
 
-from ._progress import MARKERS, TODO, TaskLine
+from ._progress import MARKERS, TODO, TaskCounts, TaskLine
 from ._record import record
 from ._types import PauseKind, State, Status
 
@@ -36,14 +36,6 @@ class Orchestrator:
     transitions: int = 0
     last_signal: str | None = None    # the PAUSE/ABORT signal the last transition applied
     last_transition: LastTransitionRecord | None = None
-
-
-@record
-class TaskCounts:
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-    pending: int = 0
 
 
 @record

@@ -1,10 +1,11 @@
-"""Task markers, and progress.md: one line per task with its marker, the file a human
-reads first. The markers are data (the iteration's metadata, `TaskProgress`); progress.md
+"""Task markers and counts, and progress.md: one line per task with its marker, the file a
+human reads first. The markers are data (the iteration's metadata, `TaskProgress`); progress.md
 is rendered from them on every change and never read back."""
-from __future__ import annotations
-
+# no `from __future__ import annotations`: cattrs reads TaskCounts' annotations (in a
+# session's metadata), and each one given as a string costs it a compile
 from dataclasses import dataclass
 
+from ._record import record
 
 TODO, IN_PROGRESS, DONE, FAILED, CANCELLED = " ", "/", "x", "F", "C"
 MARKERS = (TODO, IN_PROGRESS, DONE, FAILED, CANCELLED)
@@ -20,9 +21,16 @@ class TaskLine:
     note: str | None = None
 
 
-def session_counts(before, lines: list[TaskLine]):
-    """The session's task counts: those before the iteration (TaskCounts) plus its own."""
-    from ._metadata import TaskCounts
+@record
+class TaskCounts:
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    pending: int = 0
+
+
+def session_counts(before: TaskCounts, lines: list[TaskLine]) -> TaskCounts:
+    """The session's task counts: those before the iteration plus its own."""
     return TaskCounts(total=before.total + len(lines),
                       completed=before.completed + sum(t.marker == DONE for t in lines),
                       failed=before.failed + sum(t.marker == FAILED for t in lines),

@@ -25,7 +25,7 @@ from ._codec import structure, unstructure
 from ._errors import AlreadyAnswered, BadInput, QuestionCancelled, UnknownQuestion
 from ._record import record
 from ._schema import dump_plain, parse_yaml, shown
-from ._session import check_id
+from ._ids import check_id
 
 UNDELIVERABLE = ".undeliverable"   # questions/<QID>.undeliverable: a channel gave up on it
 

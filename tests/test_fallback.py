@@ -17,7 +17,7 @@ from support import (DONE, EVIDENCE, events, metadata, only_session, plan, progr
 from support import start as start_demo
 from engine.humans import fallback
 from engine.config import Fallback
-from session_store._metadata import Observations, TaskCounts
+from session_store import Observations, TaskCounts
 
 NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
 FACTORS = list(fallback.WEIGHTS)

@@ -404,7 +404,7 @@ def test_a_lease_is_seen_only_in_its_own_database(postgres_cluster, tmp_path):
     of the other's (its session is not running there, and is taken there at once)."""
     from datetime import datetime, timezone
     from _planes import database_url
-    from session_store._postgres import PostgresSessions, _db
+    from session_store.postgres import PostgresSessions, _db
     url, _root = postgres_cluster
     names = [f"ralph_fleet_{os.urandom(3).hex()}_{i}" for i in (1, 2)]
     fleets: list[PostgresSessions] = []

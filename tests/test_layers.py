@@ -1,5 +1,6 @@
-"""The layers are a DAG: session_store knows nothing above it, states know no engine;
-the store owns every file name and format; no module grows past ~400 lines."""
+"""The layers are a DAG: session_store knows nothing above it, states know no engine, and
+no files import each other in a circle; the store's backends stand side by side over its
+shared layer; the store owns every file name and format; no module grows past ~400 lines."""
 from __future__ import annotations
 
 import ast
@@ -109,6 +110,123 @@ def test_the_core_never_imports_a_channel():
              for line, name in imported(path, relative=True)
              if "channels" in name.split(".")]
     assert not found, "\n".join(found)
+
+
+# --- no circle: the files of engine/, states/ and session_store/ import in one direction ---
+
+def module_of(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module file under `packages` -> the module files it imports (paths relative to
+    `root`). Every import counts: at the top, in a function, under TYPE_CHECKING. A
+    function's import only delays a circle to the first call (it is how one is hidden, not
+    how one is undone), and a TYPE_CHECKING one is a circle of the types. `from m import x`
+    names the module m.x when there is one, else m; a package's __init__ imported on the way
+    to one of its modules is not counted (it is the package's face, not what is used)."""
+    def rel(path: Path) -> str:
+        return str(path.relative_to(root))
+
+    files = {module_of(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] \
+                    if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in files else module
+                           for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in files and t != name}
+    return {rel(files[name]): {rel(files[t]) for t in targets} for name, targets in graph.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def circle_report(root: Path, packages: tuple[str, ...]) -> list[str]:
+    graph = import_graph(root, packages)
+    return [f"a circle of {len(c)} files: " + ", ".join(
+                f"{m} (imports {', '.join(sorted(graph[m] & set(c)))})" for m in c)
+            for c in circles(graph)]
+
+
+def test_no_files_import_each_other_in_a_circle():
+    found = circle_report(REPO, LAYERS)
+    assert not found, "\n".join(found)
+
+
+def test_a_circle_is_found_and_its_files_named(tmp_path):
+    """The check above fails on a circle: three files, one of them reaching back lazily
+    from a function through a relative import, and a file that only joins them."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.sub import b\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("from .c import thing\n")
+    (tmp_path / "pkg" / "sub" / "c.py").write_text("def thing():\n    from .. import a\n")
+    (tmp_path / "pkg" / "d.py").write_text("import pkg.a\n")
+    assert circle_report(tmp_path, ("pkg",)) == [
+        "a circle of 3 files: pkg/a.py (imports pkg/sub/b.py), pkg/sub/b.py (imports "
+        "pkg/sub/c.py), pkg/sub/c.py (imports pkg/a.py)"]
+    (tmp_path / "pkg" / "sub" / "c.py").write_text("def thing():\n    return 1\n")
+    assert circle_report(tmp_path, ("pkg",)) == []
+
+
+# the store's two backends stand beside each other over its shared layer (session_store/
+# _*.py): each imports only that layer, never the other nor the top that chooses between
+# them (_open.py, __init__.py); the shared layer imports neither (a third backend is one
+# more folder)
+BACKENDS = ("files", "postgres")
+STORE_TOP = ("session_store/__init__.py", "session_store/_open.py")
+
+
+def test_the_stores_backends_are_siblings_over_its_shared_layer():
+    graph = import_graph(REPO, ("session_store",))
+
+    def backend(path: str) -> str | None:
+        parts = path.split("/")
+        return parts[1] if len(parts) > 2 and parts[1] in BACKENDS else None
+
+    wrong = [f"{m} imports {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+             if (backend(t) is not None and backend(t) != backend(m) and m not in STORE_TOP)
+             or (t in STORE_TOP and m not in STORE_TOP)]
+    assert not wrong, "\n".join(wrong)
+    assert all((REPO / "session_store" / b / "__init__.py").is_file() for b in BACKENDS)
 
 
 def test_the_file_watcher_is_the_stores_own():

@@ -292,7 +292,7 @@ print(session.once(key, "killed", {"point": point}))
 PG_CHILD = r"""
 import json, os, signal, sys
 spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-from session_store._postgres import _db, _sessions
+from session_store.postgres import _db, _sessions
 
 def die(*_args, **_kwargs):
     sys.stdout.flush()

@@ -1,28 +1,20 @@
-"""What a change that a file-system watcher reports under the sessions root is about.
+"""What a change that a file-system watcher reports under the sessions root is about (a
+`Change`, as the database's notifications say it too).
 
 The store owns the layout, so a watcher of the sessions (the Telegram outbox) asks here
 what to watch and what a changed path means, instead of parsing paths itself."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
-
-from ._errors import BadInput
-from ._events import EVENTS_FILE
-from ._questions import question_id
-from ._session import check_id
+from .._errors import BadInput
+from .._events import EVENTS_FILE
+from .._ids import check_id
+from .._interface import Change
+from .._questions import question_id
 
 QUESTIONS_DIR = "questions"
 ANSWERS_DIR = "answers"
 SIGNALS_DIR = "signals"
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    session: str
-    what: str                   # session (its directory) | events | question
-    question: str | None = None
 
 
 def engine_watch_paths(session_dir: str) -> tuple[list[str], list[str]]:

@@ -11,15 +11,16 @@ from typing import Callable
 
 import psycopg
 
-from .._changes import Change
 from .._codec import structure, unstructure
 from .._errors import BadInput, StaleMetadata, UnknownSession
 from .._events import ONCE, _without_lone_surrogates, now_iso
+from .._ids import check_id, new_session_id
+from .._interface import Change
 from .._iteration import Iteration
 from .._metadata import GitInfo, Limits, SessionMetadata
 from .._places import StateDirInWorkspace, check_places, check_state_dir, make_control_root
 from .._schema import dump_plain, parse_yaml
-from .._session import SCRATCHPAD_FILE, Session, check_id, new_session_id
+from .._session import SCRATCHPAD_FILE, Session
 from ._db import (CHANNEL, Database, _notify, database, session_channel, shown_url,
                   this_machine)
 from ._lease import PostgresLease, _lease_holder

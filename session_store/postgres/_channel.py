@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import os
 
-
-from .._channels import ChannelFiles
-from .._session import check_id
+from .._channel import Channel
+from .._ids import check_id
 from ._db import HeldByConnection, database, scalar, shown_url
 
 # --- a channel's own state and its one-process lock, fleet-wide ---
 
-class PostgresChannel(ChannelFiles):
+class PostgresChannel(Channel):
     """What `ChannelFiles` is for a workspace, for the fleet: a channel's state (one row)
     and the lock that lets one process run it for the whole fleet (an advisory lock on a
     connection of its own: the holder dying ends it). Its logs stay local (`open_log`)."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from . import _signals
-from ._signals import Signal
+from .. import _signals
+from .._signals import Signal
 
 if TYPE_CHECKING:
-    from ._questions import Answer, Question, QuestionStatus
+    from .._questions import Answer, Question, QuestionStatus
 
 
 class _Addressed(Protocol):
@@ -38,7 +38,7 @@ class SessionQuestions(_OfSession):
 
     @property
     def _verbs(self):
-        from . import _questions
+        from .. import _questions
         return _questions
 
     def ask(self, question: Question) -> Question:

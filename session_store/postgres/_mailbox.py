@@ -11,7 +11,7 @@ from .._codec import structure, unstructure
 from .._errors import AlreadyAnswered, BadInput, UnknownQuestion
 from .._questions import Answer, Question, QuestionStatus, Undeliverable, answer_to
 from .._schema import dump_plain, parse_yaml
-from .._session import check_id
+from .._ids import check_id
 from .._signals import Signal, validate
 from ._db import Database, _notify
 

@@ -1,5 +1,5 @@
-"""What a human channel (the Telegram bot, the web view) sees of a workspace's sessions:
-`Sessions`, addressed by id, and `ChannelFiles`, its own files beside them.
+"""What a human channel (the Telegram bot, the web view) sees of a workspace's sessions in
+the file store: `Sessions`, addressed by id, and `ChannelFiles`, its own files beside them.
 
 A channel never builds a session's path nor keeps a byte offset of a bus: it names a
 session by id, follows a bus by seq (the cursor a database backend would keep too), and
@@ -11,32 +11,19 @@ import fcntl
 import os
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from ._atomic import FILE_MODE, make_dirs, read_nofollow, write_atomic
-from ._changes import Change, change_at, watch_paths
-from ._errors import BadInput
-from ._events import events_after, last_seq
+from .._atomic import make_dirs, read_nofollow, write_atomic
+from .._channel import Channel
+from .._events import events_after, last_seq
+from .._ids import check_id
+from .._interface import Change
+from .._places import check_places, make_control_root
+from .._session import sessions_root
+from ._changes import change_at, watch_paths
 from ._handles import SessionQuestions
-from ._places import check_places, make_control_root
-from ._session import (Session, check_id, fleet_store, list_ids, load, sessions_root,
-                       store_url)
+from ._session import FileSession, list_ids, load
 
 if TYPE_CHECKING:
-    from ._interface import Held
-
-
-def open_sessions(workspace: str) -> "Sessions":
-    """The sessions a channel serves: the workspace's, or on a fleet's database (the
-    store's URL) every machine's."""
-    return fleet_store(workspace) or Sessions(workspace)
-
-
-def open_channel(workspace: str, channel: str) -> "ChannelFiles":
-    """A channel's state and lock: the workspace's files, or the fleet's rows."""
-    url = store_url()
-    if url is None:
-        return ChannelFiles(workspace, channel)
-    from ._postgres import PostgresChannel
-    return PostgresChannel(workspace, channel, url)
+    from .._interface import Held
 
 
 class Sessions:
@@ -55,7 +42,7 @@ class Sessions:
     def ids(self) -> list[str]:
         return list_ids(self.workspace)
 
-    def load(self, sid: str) -> Session:
+    def load(self, sid: str) -> FileSession:
         return load(self.workspace, sid)
 
     # --- the bus, by seq ---
@@ -84,7 +71,7 @@ class Sessions:
             change = change_at(self._root, path)
             if change is not None:
                 notify(change)
-        from ._watch import watch
+        from .._watch import watch
         paths = [self._root] + [p for sid in self.ids() for p in watch_paths(self._dir(sid))
                                 if os.path.isdir(p)]
         return SessionsWatch(watch(paths, None, notify=changed), self)
@@ -110,23 +97,19 @@ class SessionsWatch:
         self._watching()
 
 
-class ChannelFiles:
-    """A channel's own files, hidden beside the sessions (`.<channel>/` and
-    `.<channel>.lock`): its state, the lock that lets one process run it per workspace,
-    the logs of engines it started."""
+class ChannelFiles(Channel):
+    """A channel's state and lock as files beside its folder (`.<channel>/` and
+    `.<channel>.lock`): the lock lets one process run it per workspace."""
 
     STATE_FILE = "state.yaml"   # JSON, which YAML readers read too
 
     def __init__(self, workspace: str, channel: str):
-        self._workspace = workspace
-        self._root = sessions_root(workspace)
-        check_places(workspace)
-        self.dir = os.path.join(self._root, "." + check_id(channel, "channel"))
+        super().__init__(workspace, channel)
         self._lock = self.dir + ".lock"
         self.state_path = os.path.join(self.dir, self.STATE_FILE)   # (named in messages)
 
     def read_state(self) -> bytes | None:
-        """None when there is none yet; a symlink in its place is refused (OSError)."""
+        """A symlink in its place is refused (OSError)."""
         try:
             return read_nofollow(self.state_path)
         except FileNotFoundError:
@@ -137,8 +120,7 @@ class ChannelFiles:
         write_atomic(self.state_path, text, kind)
 
     def try_lock(self) -> "Held | None":
-        """The channel's workspace lock (`release()` lets go, and so does the holder's
-        death), or None when another process holds it. It names the holder's pid."""
+        """It names the holder's pid."""
         make_control_root(self._workspace)
         fd = os.open(self._lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -156,19 +138,6 @@ class ChannelFiles:
                 return f.read(32).strip() or "unknown"
         except OSError:
             return "unknown"
-
-    def open_log(self, name: str) -> tuple[int, str]:
-        """`<name>.log`, opened for appending, private, never through a planted link: e.g.
-        the output of an engine the channel started. Returns the fd and the path."""
-        make_dirs(self.dir)
-        path = os.path.join(self.dir, check_id(name, "log name") + ".log")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, FILE_MODE)
-        except OSError as e:
-            raise BadInput(f"{path}: cannot be opened ({e.strerror}; symlinks are refused)") \
-                from None
-        return fd, path
 
 
 class HeldLock:
