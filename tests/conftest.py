@@ -96,11 +96,15 @@ def pytest_configure(config):
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # the sessions' control planes: one state directory for the run, outside every test's
-    # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart
-    if not os.environ.get("RALPH_STATE_DIR"):
+    # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart.
+    # Under xdist each worker makes its own, as each machine of a fleet has one (what is
+    # kept per state directory, a bot's lease, is not shared by tests that run at once)
+    made = os.environ.get("RALPH_TEST_STATE_MADE")
+    if not os.environ.get("RALPH_STATE_DIR") or made == os.environ["RALPH_STATE_DIR"]:
         import tempfile
         os.environ["RALPH_STATE_DIR"] = config.stash[STATE] = tempfile.mkdtemp(
             prefix="ralph-state-")
+        os.environ["RALPH_TEST_STATE_MADE"] = config.stash[STATE]
 
 
 def pytest_collection_modifyitems(config, items):
