@@ -107,21 +107,13 @@ def pytest_configure(config):
         os.environ["RALPH_TEST_STATE_MADE"] = config.stash[STATE]
 
 
-# the longest suites, longest first (CI's `--durations`): started before the rest
-LONGEST = ("test_matrix", "test_soak", "test_parallel_crash", "test_disk_faults",
-           "test_real_agents", "test_torn", "test_signals", "test_crash", "test_real_limits")
-
-
 def pytest_collection_modifyitems(config, items):
-    """The longest first, then the rest of the slow tier, then the quick: xdist's workers
-    (`--dist load`, one test handed out at a time) start the longest at once and fill
-    around them with the quick ones, instead of one worker ending the run alone on a crash
-    matrix (the stable sort keeps each group's own order)."""
-    def rank(item) -> tuple[int, int]:
-        module = item.module.__name__ if item.module else ""
-        return (item.get_closest_marker("slow") is None,
-                LONGEST.index(module) if module in LONGEST else len(LONGEST))
-    items.sort(key=rank)
+    """The slow tier first: under xdist (`-n`), the long tests start at once and the quick
+    ones fill the workers around them (worksteal), instead of one worker ending the run
+    alone on a crash matrix (the stable sort keeps each tier's own order). Handing out the
+    longest first one at a time (`--dist load --maxschedchunk 1`) was measured slower: the
+    three workers all ran crash matrices at once and the quick tests waited."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_unconfigure(config):
