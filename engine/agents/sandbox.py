@@ -90,6 +90,7 @@ class Sandbox:
         (its own outbox). `env` is changed in place (the variables the run no longer has
         any use for dropped, TMPDIR its own)."""
         own = _own_homes(cli, env, self.home)
+        _make_main_home(cli, env, own)
         for name in UNSET:
             env.pop(name, None)
         env["TMPDIR"] = "/tmp"
@@ -202,16 +203,21 @@ def _own_homes(cli: str | None, env: dict[str, str], home: str) -> list[str]:
     moved = env.get(CLI_HOME_VARIABLES.get(cli, ""))
     if moved and os.path.isabs(moved):
         own.append(os.path.realpath(moved))
-    # its folder made before the run, as the CLI would make it: only what exists is bound
-    # writable, and a CLI that cannot keep its conversation cannot continue it (Claude
-    # Code's `--resume` after a usage limit's wait)
-    main = own[-1] if moved and os.path.isabs(moved) else own[0] if own else None
-    if main is not None:
-        try:
-            os.makedirs(main, mode=0o700, exist_ok=True)
-        except OSError:
-            pass   # then it runs without it, as before: the CLI says what it misses
     return own
+
+
+def _make_main_home(cli: str | None, env: dict[str, str], own: list[str]) -> None:
+    """The CLI's folder made before the run, as the CLI would make it: only what exists is
+    bound writable, and a CLI that cannot keep its conversation cannot continue it (Claude
+    Code's `--resume` after a usage limit's wait). Its variable's folder, else the home's."""
+    if not own:
+        return
+    moved = env.get(CLI_HOME_VARIABLES.get(cli or "", ""))
+    try:
+        os.makedirs(own[-1] if moved and os.path.isabs(moved) else own[0], mode=0o700,
+                    exist_ok=True)
+    except OSError:
+        pass   # then it runs without it: the CLI says what it misses
 
 
 def _needed(argv: list[str], env: dict[str, str]) -> list[str]:
