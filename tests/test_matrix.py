@@ -33,7 +33,11 @@ or rejected with its reason; guidance noted once and delivered); each answer is 
 applied once; progress, tasks, iteration records, the path taken and the files produced
 equal the uninterrupted run's; every file of the session parses. A kill right after write
 N-1 is a kill right before write N, so every "before" is covered too (and the kill before
-a process's first write is that process not having run: the resume after it).
+a process's first write is that process not having run: the resume after it). A write
+that repeats the same code is a point once (`kept_points`): on the file store every write
+of the control plane is a point, and of the local trees' writes the first of each kind in
+each process; on PostgreSQL, whose engine resumes by the same code, the first commit of
+each function and of each local kind in each process.
 
 The humans are a thread of the test (Human), outside the engine and its agents' runs: they
 drop the signals the agents' steps ask for (_matrix_agent.py); the first question and the
@@ -837,31 +841,47 @@ def choose(points: list[Point]) -> list[Point]:
     return [points[i * len(points) // n] for i in range(n)]
 
 
-def each_local_write_once(points: list[Point]) -> list[Point]:
-    """Every write of the control plane (the file store's files, the PostgreSQL store's
-    commits: where the two backends differ, a kill at each); of the work area's writes,
-    the same code on both, the first of each kind in each process, and each process's
-    last write. The work area's repeats (the same write for a later run or task) prove
-    nothing its first did not; they were 40% of the points, and of CI's time."""
-    seen: set[tuple] = set()
-    last = {p: max(pt.write.n for pt in points if pt.process == p)
+def thinned(points: list[Point], key: Callable[[Point], object], lasts: bool = True
+            ) -> list[Point]:
+    """The first point of each `key` (a key of None: the point is kept whatever), and
+    (`lasts`) each process's last write. A repeat of a write (the same code, for a later
+    run, task or commit) proves nothing its first did not."""
+    seen: set = set()
+    last = {p: max(pt.write.n for pt in points if pt.process == p) if lasts else 0
             for p in {pt.process for pt in points}}
     kept = []
     for pt in points:
-        if pt.write.kind in LOCAL and pt.write.n != last[pt.process]:
-            key = (pt.process, pt.write.kind)
-            if key in seen:
+        k = key(pt)
+        if k is not None and pt.write.n != last[pt.process]:
+            if k in seen:
                 continue
-            seen.add(key)
+            seen.add(k)
         kept.append(pt)
     return kept
+
+
+def kind_of(pt: Point) -> str:
+    """A write's kind; on the PostgreSQL store, a commit's function."""
+    return committer(pt.write) if pt.write.kind == "store" else pt.write.kind
+
+
+def kept_points(points: list[Point], backend: str) -> list[Point]:
+    """On the file store, every write of its control plane (each transition's record, each
+    save: a kill at each is a resume from each moment of the session), and of the local
+    trees' writes and the bus's index (a cache) the first of each kind in each process.
+    The engine's resume is the same code on PostgreSQL, so there the first commit of each
+    function in each process, and of each local kind: what only the backend does."""
+    if backend == "postgres":
+        return thinned(points, lambda pt: (pt.process, kind_of(pt)))
+    return thinned(points, lambda pt: (pt.process, pt.write.kind)
+                   if pt.write.kind in LOCAL | CACHES else None)
 
 
 def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> list[Point]:
     points = points_of(base)
     if select is not None:
         points = [pt for pt in points if select(pt, base)]
-    kept = each_local_write_once(points)
+    kept = kept_points(points, base.backend.name)
     chosen = choose(kept)
     began = time.monotonic()
     failures = kit.run_all(lambda pt: kill_at(root, base, pt), chosen)
@@ -886,6 +906,7 @@ def run_matrix(root: Path, base: Baseline, at_least: int, select=None) -> list[P
 LOCAL = {"progress", "iteration-metadata", "task", "plan", "report", "prompt", "review",
          "scratchpad", "knowledge-record", "knowledge-promote", "summary", "outbox-reset",
          "reply", "run-mark"}
+CACHES = {"once-index"}   # rebuilt from the bus when lost (session_store/_once.py)
 CONTROL = {"file": {"metadata", "event", "guidance", "signal-take", "signal-handled",
                     "signal-reject", "signal-rejected", "question", "question-status",
                     "config.yaml", "workspace"},
