@@ -199,6 +199,6 @@ def commands_reference() -> str:
             out.append("| argument | meaning |\n|---|---|")
             out.extend(rows)
             out.append("")
-    out.append("### Exit codes\n")
-    out.append(f"```\n{parser.epilog.split(chr(10), 1)[1]}\n```\n")
+    if parser.epilog:   # the exit codes, as `ralph --help` ends
+        out.append(f"### After every command\n\n```\n{parser.epilog.strip()}\n```\n")
     return "\n".join(out)

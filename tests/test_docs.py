@@ -77,7 +77,7 @@ def test_the_commands_page_is_every_command_and_flag_of_the_parser():
             for flag in action.option_strings:
                 if flag not in ("-h", "--help", "--workspace"):
                     assert f"`{flag}" in page or f", {flag}" in page, (words, flag)
-    assert "130  interrupted by SIGINT" in page
+    assert "130" in page and "SIGINT" in page   # the exit codes, from `ralph --help`
     assert hooks.COMMANDS_MARK in (REPO / "docs/commands.md").read_text()
 
 
