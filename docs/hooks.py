@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import enum
 import functools
+import re
 import sys
 import types
 import typing
@@ -28,10 +29,12 @@ COMMANDS_MARK = "<!-- generated: commands -->"
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if CONFIG_MARK in markdown:
-        markdown = markdown.replace(CONFIG_MARK, config_reference())
-    if COMMANDS_MARK in markdown:
-        markdown = markdown.replace(COMMANDS_MARK, commands_reference())
+    """Each mark, and what follows it up to `<!-- end generated -->` (a note for whoever
+    reads the page unbuilt, on GitHub), becomes what the code says."""
+    for mark, make in ((CONFIG_MARK, config_reference), (COMMANDS_MARK, commands_reference)):
+        if mark in markdown:
+            markdown = re.sub(re.escape(mark) + r"(.*?<!-- end generated -->)?",
+                              lambda _match: make(), markdown, count=1, flags=re.S)
     return markdown
 
 
