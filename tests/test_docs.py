@@ -94,6 +94,8 @@ def test_the_readme_is_a_front_page_that_starts_with_the_two_commands():
     assert tests == ("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "
                      ".venv/bin/python -m pytest -q")
     assert README.index("## Quickstart with a real agent") < README.index("## Steering")
+    for page in ("index.md", "demo.md"):   # the site's copies of the first command
+        assert demo in (REPO / "docs" / page).read_text(), page
     for verb in ("ralph init", "ralph web", "git merge ralph/", "ralph signal pause",
                  "ralph signal steer", "ralph signal abort", "ralph session answer",
                  "ralph session resume"):
