@@ -1,5 +1,5 @@
 """The engine's lifecycle events, each running its hooks (engine/hooks.py) and saying what
-a failure means for its step; README "Lifecycle hooks" has the table.
+a failure means for its step; docs/approvals-and-hooks.md has the table.
 
   session.start     each time an engine takes the session up (start, resume)
   iteration.start   before an iteration's first run, once per iteration

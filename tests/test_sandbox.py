@@ -84,7 +84,7 @@ PROBE = '''
 
 @pytest.fixture
 def home():
-    """A home of the user's with the secrets the README's fleets and ssh keep, out of /tmp
+    """A home of the user's with the secrets docs/fleets.md and ssh keep, out of /tmp
     (which every run has a private one of): the sandbox must hide them, not the tmpfs."""
     path = Path(tempfile.mkdtemp(prefix="ralph-sandbox-home-", dir=Path.home()))
     (path / ".pgpass").write_text(f"db.example:5432:fleet:ralph:{SECRET}\n")
@@ -185,8 +185,9 @@ def test_network_none_leaves_a_run_only_its_own_loopback(workspace, home):
 
 
 def test_a_hook_the_agent_rewrote_runs_confined(workspace, home):
-    """The README's `./check-plan.sh` hook, rewritten by an agent: it runs, as the agent
-    does, unable to write outside the workspace or read the user's secrets."""
+    """The `./check-plan.sh` hook of docs/approvals-and-hooks.md, rewritten by an agent: it
+    runs, as the agent does, unable to write outside the workspace or read the user's
+    secrets."""
     script = workspace / "check.sh"
     script.write_text(f'#!/bin/sh\necho owned > "{home}/outside/by-hook" || true\n'
                       f'cat "$HOME/.pgpass" > hook-read.txt 2>&1 || true\n'

@@ -182,7 +182,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         page.locator("#summary .pause-reason", has_text="lunch break").wait_for()
         page.locator("#resume:not([hidden])").wait_for()
         assert second.is_visible()
-        # the README's picture: the top of the page, down to the diagram
+        # the docs' picture (docs/web-paused-question.png): the top of the page, down to the diagram
         shot(page, "02-paused-with-a-question", clip={"x": 0, "y": 0, "width": 1280,
                                                        "height": 1500})
         shot(page, "02-paused-with-a-question-full")
