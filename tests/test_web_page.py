@@ -24,7 +24,6 @@ from conftest import ARTIFACTS
 from support import EVIDENCE, base_env, session_dir, spawn, wait_for, write_config, write_scenario
 import test_web_browser
 
-pytestmark = pytest.mark.slow
 browser = test_web_browser.browser   # Debian's chromium under Playwright (a fixture)
 
 
@@ -98,6 +97,7 @@ def assert_readable_picture(m: dict, current: str) -> None:
     assert [n["state"] for n in m["nodes"] if n["current"]] == [current]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphviz", [True, False], ids=["with-graphviz", "without-graphviz"])
 def test_where_it_stands_is_a_readable_picture_fitted_to_its_box(workspace, tmp_path, browser,
                                                                   shot, graphviz):
@@ -128,6 +128,26 @@ def test_where_it_stands_is_a_readable_picture_fitted_to_its_box(workspace, tmp_
         server.stop(expect=None)
 
 
+def test_every_transition_of_the_table_is_on_the_picture_and_nothing_else():
+    """The picture is drawn from the table: each (from, trigger, to) of every row is an
+    edge of it (or of the frame of the active states); a step that is no transition of
+    the table (a forged record) counts on no edge."""
+    from engine import diagram_svg
+    from engine.machine import TRANSITIONS
+    from session_store import State
+    drawn = set(diagram_svg.edges())
+    assert drawn == set(diagram_svg.EDGES)   # each placed, nothing placed in vain
+    for t in TRANSITIONS:
+        for source in t.sources:
+            step = (source.value, t.trigger.value, t.dest.value)
+            assert diagram_svg._edge_of(step, drawn) is not None, step
+    picture = diagram_svg.svg(State.PAUSED, [("PLANNING", "plan_ready", "EXECUTING_BATCH"),
+                                             ("EXECUTING_BATCH", "pause", "PAUSED"),
+                                             ("PLANNING", "<b>forged</b>", "COMPLETE")])
+    assert "plan_ready ×1" in picture and "pause ×1" in picture
+    assert "forged" not in picture and picture.count("×") == 2
+
+
 def fleet(ws: Path) -> None:
     """Sessions as a newcomer's list has them: long objectives, timestamp ids, questions,
     a paused one with its reason."""
@@ -148,6 +168,7 @@ def no_horizontal_overflow(page) -> dict:
                                      inner: innerWidth })""")
 
 
+@pytest.mark.slow
 def test_the_list_and_a_session_fit_900_px_and_rows_are_named_by_objective(workspace, browser,
                                                                            shot):
     fleet(workspace)
@@ -155,8 +176,8 @@ def test_the_list_and_a_session_fit_900_px_and_rows_are_named_by_objective(works
     page = browser.new_page(viewport={"width": 900, "height": 700})
     try:
         page.goto(server.page())
-        page.wait_for_function("document.querySelectorAll('table.sessions tbody tr').length"
-                               " === 3")
+        page.wait_for_function("() => document.querySelectorAll('table.sessions tbody tr')"
+                               ".length === 3")
         shot(page, "list-900", full_page=False)
         sizes = no_horizontal_overflow(page)
         assert sizes["scroll"] <= sizes["inner"], sizes
@@ -176,10 +197,17 @@ def test_the_list_and_a_session_fit_900_px_and_rows_are_named_by_objective(works
         shot(page, "session-900")
         sizes = no_horizontal_overflow(page)
         assert sizes["scroll"] <= sizes["inner"], sizes
+        page.goto(server.page("/s/20261128-231502-4f2a"))   # two questions waiting
+        page.locator("article.question").nth(1).wait_for(timeout=30000)
+        page.locator("#diagram .drawing svg").wait_for(timeout=30000)
+        shot(page, "session-with-questions-900")
+        sizes = no_horizontal_overflow(page)
+        assert sizes["scroll"] <= sizes["inner"], sizes
     finally:
         server.stop(expect=None)
 
 
+@pytest.mark.slow
 def test_without_a_token_the_page_says_so_once_and_plainly(workspace, browser, shot):
     make_session(workspace, "s1", "An objective")
     server = WebServer(workspace)
@@ -240,6 +268,7 @@ KNOWLEDGE_RUN = [
 ]
 
 
+@pytest.mark.slow
 def test_knowledge_buttons_show_only_when_it_waits_and_the_header_agrees_with_the_diagram(
         workspace, browser, shot):
     scenario = write_scenario(workspace, KNOWLEDGE_RUN)

@@ -58,7 +58,7 @@ function detailCells(v) {
     h("td", {}, badge(v.status), h("div", { class: `engine ${engine}` }, engine)),
     h("td", { class: "state" }, breakable(v.state)),
     h("td", { class: "num" }, v.iteration),
-    h("td", { title: tasksText(v.tasks) }, tasksShort(v.tasks)),
+    h("td", { class: "tasks", title: tasksText(v.tasks) }, tasksShort(v.tasks)),
     h("td", { class: "usage" }, money(v.usage), h("div", { class: "tokens" }, tokens(v.usage))),
     h("td", { title: v.updated_at }, ago(v.updated_at)),
     h("td", { class: "reason" }, v.pause_reason || v.waiting || "")];
