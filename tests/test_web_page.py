@@ -112,8 +112,9 @@ def test_where_it_stands_is_a_readable_picture_fitted_to_its_box(workspace, tmp_
     try:
         for width in (1280, 900):
             page = browser.new_page(viewport={"width": width, "height": 900})
-            errors = []
+            errors = []   # a script's error, or a CSP refusal (said on the console)
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.goto(server.page("/s/wide"))
             page.locator("#diagram .drawing svg, #diagram .drawing pre").first.wait_for(
                 timeout=30000)
