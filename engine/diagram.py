@@ -57,7 +57,7 @@ class SessionPath:
             + (f" — {_clip(self.reason)}" if self.reason else "")
 
     def visited(self) -> set[str]:
-        return {s for step in self.steps for s in (step[0], step[2])} | {State.PLANNING.value}
+        return visited_states(self.steps)
 
     def numbers(self, step: tuple[str, str, str]) -> str:
         """When the path took one (from, trigger, to): "step 1", "steps 2, 4", "steps 3, 5,
@@ -67,16 +67,24 @@ class SessionPath:
         return f"step{'s' if len(found) > 1 else ''} " + ", ".join(str(n) for n in shown)
 
 
+def visited_states(steps: list[tuple[str, str, str]]) -> set[str]:
+    return {s for step in steps for s in (step[0], step[2])} | {State.PLANNING.value}
+
+
+def transition_steps(records) -> list[tuple[str, str, str]]:
+    """The (from, trigger, to) of the engine's session.transition records, in order."""
+    return [(str(r["payload"].get("from")), str(r["payload"].get("trigger")),
+             str(r["payload"].get("to")))
+            for r in records if r.get("topic") == "session.transition"
+            and r.get("source") == "engine" and isinstance(r.get("payload"), dict)]
+
+
 def session_path(workspace: str, session_id: str) -> tuple[State, SessionPath]:
     """The session's current state, and the path it took (from its session.transition
     records)."""
     from .views import standing
     session = load(workspace, session_id)
-    records = session.events_after(0)
-    steps = [(str(r["payload"].get("from")), str(r["payload"].get("trigger")),
-              str(r["payload"].get("to")))
-             for r in records if r["topic"] == "session.transition"
-             and r.get("source") == "engine" and isinstance(r.get("payload"), dict)]
+    steps = transition_steps(session.events_after(0))
     m = session.metadata
     o = m.orchestrator
     words = standing({"status": m.status.value, "state": o.state.value,

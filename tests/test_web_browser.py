@@ -118,7 +118,7 @@ def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
         refused = []
         anonymous.on("response", lambda r: refused.append(r.status) if "/api/" in r.url else None)
         anonymous.goto(f"{server.url}/s/{SID}")
-        anonymous.locator("#no-token", has_text="open the URL `ralph web` printed").wait_for()
+        anonymous.locator("#no-token", has_text="Open the address ralph web printed").wait_for()
         assert refused == [] and anonymous.locator("article.question").count() == 0
         anonymous.close()
 
@@ -380,9 +380,9 @@ def test_the_list_says_who_waits_on_a_human_and_the_tab_counts_them(workspace, b
 
 @pytest.mark.slow
 def test_the_diagram_is_drawn_at_a_size_its_labels_can_be_read(workspace, browser, shot):
-    """The session page draws the machine at Graphviz's size (the smallest label, an edge's,
-    at least 12 px high) in a frame that scrolls, the current state in its middle;
-    "fit to width" shows it whole. Its title counts the session's questions."""
+    """The session page draws the whole machine in its frame (no scrolling), the smallest
+    label, an edge's, at least 12 px high, the current state marked. Its title counts the
+    session's questions. (tests/test_web_page.py measures it closer, at 900 px too.)"""
     from _web import ask, store_session
     session = store_session(workspace, "wide")
     ask(session, "Which database?")
@@ -400,20 +400,12 @@ def test_the_diagram_is_drawn_at_a_size_its_labels_can_be_read(workspace, browse
             current: d.querySelector('g.node.current').getBoundingClientRect().toJSON(),
             box: d.getBoundingClientRect().toJSON()})""")
         assert sizes["smallest"] >= 12, sizes
-        assert sizes["scrolled"] > sizes["frame"], sizes   # wider than the page: it scrolls
-        assert sizes["box"]["height"] <= 560, sizes
+        assert sizes["scrolled"] <= sizes["frame"], sizes   # all of it, fitted
         for low, high in (("left", "right"), ("top", "bottom")):   # the state in view
             assert sizes["box"][low] <= sizes["current"][low] and \
                 sizes["current"][high] <= sizes["box"][high], (low, sizes)
         page.locator("#diagram").scroll_into_view_if_needed()
-        shot(page, "08-diagram-natural-size", full_page=False)
-
-        page.click("#diagram-fit")
-        page.wait_for_function("d => d.scrollWidth <= d.clientWidth",
-                               arg=drawing.element_handle())
-        assert page.locator("#diagram-fit").text_content() == "natural size"
-        page.click("#diagram-fit")
-        page.wait_for_function("d => d.scrollWidth > d.clientWidth", arg=drawing.element_handle())
+        shot(page, "08-diagram-fitted", full_page=False)
     finally:
         server.stop(expect=None)
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
-from session_store import BadInput, Session, check_id, load
+from session_store import BadInput, Session, State, check_id, load
 
-from ...diagram import INSTALL_HINT, render, session_path
+from ... import diagram_svg
+from ...diagram import transition_steps
 from ...views import list_views, session_view
 
 LOG_TAIL = 256 * 1024        # bytes of an agent log a page shows (the end of it)
@@ -71,8 +73,11 @@ def snapshot(workspace: str, session_id: str) -> dict:
         view = session_view(workspace, session.id, last_events=0)
     except BadInput as e:
         raise Problem(404, str(e)) from None
+    # the diagram rides in the snapshot: the page draws the header and the picture from
+    # the same read, so they never disagree
     return {"view": view, "scratchpad": _tail(session.scratchpad() or "", SCRATCHPAD_TAIL),
-            "guidance": session.signals.guidance()}
+            "guidance": session.signals.guidance(),
+            "diagram": _drawing(session, State(view["state"]))}
 
 
 def _tail(text: str, most: int) -> str:
@@ -168,12 +173,34 @@ def run_log(workspace: str, session_id: str, number: int, name: str) -> dict:
 
 
 def diagram(workspace: str, session_id: str) -> dict:
-    """The machine as `ralph diagram --session ID --format svg` draws it: the current
-    state and the path taken highlighted. Without Graphviz, its mermaid source."""
+    """The machine with the session on it, as the page draws it (engine/diagram_svg.py:
+    no Graphviz needed)."""
     session = open_session(workspace, session_id)
-    current, taken = session_path(workspace, session.id)
-    try:
-        return {"svg": render("svg", current, taken).decode(), "state": current.value}
-    except BadInput:
-        return {"mermaid": render("mermaid", current, taken).decode(), "note": INSTALL_HINT,
-                "state": current.value}
+    return _drawing(session, session.metadata.orchestrator.state)
+
+
+def _drawing(session: Session, current: State) -> dict:
+    return {"svg": diagram_svg.svg(current, _PATHS.steps(session)), "state": current.value}
+
+
+class _Paths:
+    """The transitions each session took, read once and then from where the last read
+    ended (a page's every snapshot would otherwise read the whole bus again)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._known: dict[str, tuple[int, list[tuple[str, str, str]]]] = {}
+
+    def steps(self, session: Session) -> list[tuple[str, str, str]]:
+        with self._lock:
+            seq, steps = self._known.get(session.id, (0, []))
+            if session.last_seq() < seq:   # not the bus that was read: read it afresh
+                seq, steps = 0, []
+            new = session.events_after(seq)
+            if new:
+                seq, steps = new[-1]["seq"], steps + transition_steps(new)
+                self._known[session.id] = (seq, steps)
+            return steps
+
+
+_PATHS = _Paths()

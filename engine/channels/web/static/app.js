@@ -1,19 +1,23 @@
 // The page's router and the sessions list. /s/<ID> is one session (session.js).
-import { ago, api, badge, engineOf, follow, h, money, NO_TOKEN, notice, tasksText, token,
-         tokens } from "./util.js";
+import { ago, api, badge, engineOf, follow, h, hideLive, money, notice, noToken, printable,
+         tasksText, token, tokens } from "./util.js";
 import { sessionPage } from "./session.js";
 
-const COLUMNS = ["session", "waits on you", "status", "state", "engine", "iteration", "tasks",
-                 "cost", "tokens", "updated", "paused because"];
+const COLUMNS = ["session", "waits on you", "status", "state", "iteration", "tasks", "usage",
+                 "updated", "paused because"];
 
+// A row is named by its objective (what the session is for); its id is the small print
 function sessionRow(v) {
-  const link = h("a", { href: `/s/${encodeURIComponent(v.session_id)}` }, v.session_id);
+  const href = `/s/${encodeURIComponent(v.session_id)}`;
   if (v.error) {
     return h("tr", { class: "unreadable", dataset: { session: v.session_id } },
-      h("td", {}, link), h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
+      h("td", { class: "session" }, h("a", { href }, v.session_id)),
+      h("td", { colspan: COLUMNS.length - 1 }, `unreadable: ${v.error}`));
   }
   return h("tr", { class: rowClass(v), dataset: { session: v.session_id } },
-    h("td", {}, link, h("div", { class: "objective" }, v.objective), place(v)),
+    h("td", { class: "session" },
+      h("a", { href, class: "objective", title: v.objective }, v.objective || v.session_id),
+      h("div", { class: "sid" }, v.session_id), place(v)),
     ...detailCells(v));
 }
 
@@ -36,17 +40,26 @@ function humanWait(v) {
       `oldest ${ago(v.oldest_question_asked_at)}`));
 }
 
+// EXECUTING_BATCH may wrap after its underscore, not inside a word
+function breakable(name) {
+  return String(name).split("_").flatMap((part, i) => (i ? ["_", h("wbr"), part] : [part]));
+}
+
+// "2 of 5 done, 1 failed": the list's short form (the session's page says it all)
+function tasksShort(t) {
+  if (!t) return "—";
+  return `${t.completed} of ${t.total} done${t.failed ? `, ${t.failed} failed` : ""}`;
+}
+
 function detailCells(v) {
   const engine = engineOf(v);
   return [
     humanWait(v),
-    h("td", {}, badge(v.status)),
-    h("td", { class: "state" }, v.state),
-    h("td", { class: `engine ${engine}` }, engine),
+    h("td", {}, badge(v.status), h("div", { class: `engine ${engine}` }, engine)),
+    h("td", { class: "state" }, breakable(v.state)),
     h("td", { class: "num" }, v.iteration),
-    h("td", {}, tasksText(v.tasks)),
-    h("td", { class: "num" }, money(v.usage)),
-    h("td", { class: "num" }, tokens(v.usage)),
+    h("td", { class: "tasks", title: tasksText(v.tasks) }, tasksShort(v.tasks)),
+    h("td", { class: "usage" }, money(v.usage), h("div", { class: "tokens" }, tokens(v.usage))),
     h("td", { title: v.updated_at }, ago(v.updated_at)),
     h("td", { class: "reason" }, v.pause_reason || v.waiting || "")];
 }
@@ -55,7 +68,9 @@ function detailCells(v) {
 // same place: a row rebuilt between a click's press and release would swallow the click.
 function refreshRow(tr, v) {
   tr.className = rowClass(v);
-  tr.cells[0].querySelector(".objective").textContent = v.objective;
+  const objective = tr.cells[0].querySelector(".objective");
+  objective.textContent = printable(v.objective || v.session_id);
+  objective.title = printable(v.objective);
   while (tr.cells.length > 1) tr.deleteCell(-1);
   tr.append(...detailCells(v));
 }
@@ -98,7 +113,8 @@ function listPage(main) {
 const main = document.getElementById("main");
 const path = location.pathname;
 if (!token) {
-  main.replaceChildren(h("p", { class: "error", id: "no-token" }, NO_TOKEN));
+  hideLive();
+  main.replaceChildren(noToken());
 } else if (path.startsWith("/s/")) {
   sessionPage(main, decodeURIComponent(path.slice(3)));
 } else {

@@ -8,8 +8,11 @@ const SIGNALS = [
   ["info", "Info", "information for the next prompt of the chosen role"],
   ["pause", "Pause", "stop the running agent and pause; resume goes on where it stood"],
   ["abort", "Abort", "stop the running agent and end the session for good"],
-  ["approve", "Approve", "promote the staged knowledge to the docs (in KNOWLEDGE_APPROVAL)"],
-  ["skip", "Skip", "keep the staged knowledge staged (in KNOWLEDGE_APPROVAL)"],
+];
+// shown only while the staged knowledge waits for a decision: they answer nothing else
+const KNOWLEDGE_SIGNALS = [
+  ["approve", "Approve", "promote the staged knowledge to the docs"],
+  ["skip", "Skip", "keep the staged knowledge staged"],
 ];
 const TARGETS = ["ALL", "Planner", "Executor", "Reviewer", "Librarian", "Questioner",
                  "Orchestrator"];
@@ -138,19 +141,26 @@ function controlsPanel(base) {
       result.textContent = printable(r.data.error);
     }
   };
-  const buttons = SIGNALS.map(([type, label, hint]) => h("button", {
+  const button = ([type, label, hint]) => h("button", {
     type: "button", class: `signal ${type}`, dataset: { signal: type }, title: hint,
-    onclick: () => send(type) }, label));
+    onclick: () => send(type) }, label);
+  const buttons = SIGNALS.map(button);
+  const knowledgeButtons = KNOWLEDGE_SIGNALS.map(button);
+  const knowledge = h("div", { class: "knowledge", id: "knowledge-decision", hidden: true },
+    h("h3", {}, "The librarian's staged knowledge waits for your decision"),
+    h("div", { class: "buttons" }, knowledgeButtons));
   const el = h("section", { id: "controls", class: "card" }, h("h2", {}, "Steer"), message,
     h("div", { class: "row" }, h("label", {}, "to ", target),
       h("label", { title: "steer only: stop the running agent and run its task again now" },
         priority, " interrupt the running agent")),
-    h("div", { class: "buttons" }, buttons), result);
+    h("div", { class: "buttons" }, buttons), knowledge, result);
   return { el, update(v) {
     const open = v.status === "active" || v.status === "paused";
     buttons.forEach((b) => {
       b.disabled = !open || (b.dataset.signal === "pause" && v.status === "paused");
     });
+    knowledge.hidden = !open || !(v.state === "KNOWLEDGE_APPROVAL"
+      || (v.state === "PAUSED" && v.previous_state === "KNOWLEDGE_APPROVAL"));
   } };
 }
 
@@ -231,13 +241,11 @@ export function sessionPage(main, sid) {
   const resume = resumePanel(base);
   const usage = h("section", { id: "usage", class: "card" });
   const drawing = h("div", { class: "drawing" }, "Drawing…");
-  // natural size (labels readable, the frame scrolled), or the whole machine at a glance
-  const fit = h("button", { type: "button", class: "link", id: "diagram-fit",
-    onclick: () => {
-      drawing.classList.toggle("fit");
-      fit.textContent = drawing.classList.contains("fit") ? "natural size" : "fit to width";
-      showCurrent();
-    } }, "fit to width");
+  const legend = h("p", { class: "legend" },
+    h("span", { class: "key current" }, "where it stands"),
+    h("span", { class: "key visited" }, "visited"),
+    h("span", { class: "key taken" }, "→ taken (×N: how many times)"),
+    "pause and abort leave any active state; resume returns to the one it paused in");
   const iterations = h("div", { class: "iterations" });
   const logTitle = h("div", { class: "log-title" }, "Pick a run's prompt or output under Progress.");
   const log = h("pre", { class: "log", id: "log", hidden: true });
@@ -248,7 +256,8 @@ export function sessionPage(main, sid) {
   const guidance = h("ul", { class: "guidance", id: "guidance" });
   main.replaceChildren(summary, questions,
     h("div", { class: "grid" }, h("div", {}, resume.el, controls.el), usage),
-    h("section", { id: "diagram", class: "card" }, h("h2", {}, "Where it stands ", fit), drawing),
+    h("section", { id: "diagram", class: "card" }, h("h2", {}, "Where it stands"), drawing,
+      legend),
     h("div", { class: "grid" },
       h("section", { id: "progress", class: "card" }, h("h2", {}, "Progress"), iterations),
       h("section", { id: "logs", class: "card" }, h("h2", {}, "Agent logs"), logTitle, log)),
@@ -260,46 +269,18 @@ export function sessionPage(main, sid) {
 
   let view = null;
   let lastSeq = 0;
-  let lastTransition = 0;
   const cards = new Map();
-  let drawn = null;
-  let drawingNow = false;
   let iterationsKey = null;
 
-  async function drawDiagram() {
-    const key = `${view.state}|${lastTransition}`;
-    if (key === drawn) return;
-    if (drawingNow) { drawingNow = "again"; return; }
-    drawingNow = true;
-    const r = await api(`${base}/diagram`);
-    const again = drawingNow === "again";
-    drawingNow = false;
-    if (r.ok) {
-      drawn = key;
-      drawing.dataset.state = r.data.state;
-      if (r.data.svg) {
-        // drawn at the size Graphviz gives it (its labels at their point sizes)
-        const svg = new DOMParser().parseFromString(r.data.svg, "image/svg+xml").documentElement;
-        for (const node of svg.querySelectorAll("g.node")) {
-          if (node.querySelector("title")?.textContent === r.data.state) node.classList.add("current");
-        }
-        drawing.replaceChildren(document.importNode(svg, true));
-        showCurrent();
-      } else {
-        drawing.replaceChildren(h("p", { class: "note" }, r.data.note), h("pre", {}, r.data.mermaid));
-      }
-    }
-    if (again) drawDiagram();
-  }
-
-  // the current state in the middle of what the frame shows, when the drawing is larger
-  function showCurrent() {
-    const node = drawing.querySelector("g.node.current");
-    if (!node) return;
-    const box = node.getBoundingClientRect();
-    const frame = drawing.getBoundingClientRect();
-    drawing.scrollLeft += box.left + box.width / 2 - (frame.left + frame.width / 2);
-    drawing.scrollTop += box.top + box.height / 2 - (frame.top + frame.height / 2);
+  // The picture comes in the snapshot, drawn by the server from the machine's table (no
+  // Graphviz, nothing from the network): its state is the header's, always. It holds
+  // only state and trigger names, never what an agent wrote.
+  function drawDiagram(d) {
+    if (drawing.dataset.svg === d.svg) return;
+    const svg = new DOMParser().parseFromString(d.svg, "image/svg+xml").documentElement;
+    drawing.replaceChildren(document.importNode(svg, true));
+    drawing.dataset.svg = d.svg;
+    drawing.dataset.state = d.state;
   }
 
   async function openLog(n, name) {
@@ -358,7 +339,7 @@ export function sessionPage(main, sid) {
         + `${g.task ? ` on ${g.task}` : ""}: `
         + (typeof g.message === "string" ? g.message : JSON.stringify(g.message))))
       : [h("li", { class: "empty" }, "none")]));
-    drawDiagram();
+    drawDiagram(snap.diagram);
     refreshIterations();
   }
 
@@ -368,14 +349,12 @@ export function sessionPage(main, sid) {
     for (const e of list) {
       if (e.seq <= lastSeq) continue;   // a record the first batch and the feed both had
       lastSeq = e.seq;
-      if (e.topic === "session.transition") lastTransition = e.seq;
       rows.push(eventRow(e));
     }
     eventRows.append(...rows);
     while (eventRows.rows.length > MAX_EVENT_ROWS) eventRows.deleteRow(0);
     eventCount.textContent = `(${eventRows.rows.length} shown, latest #${lastSeq})`;
     if (atBottom) eventScroll.scrollTop = eventScroll.scrollHeight;
-    if (rows.length && view) drawDiagram();
   }
 
   setInterval(() => cards.forEach((card) => card.tick()), 1000);

@@ -15,9 +15,27 @@ function takeToken() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 export const token = takeToken();
-export const NO_TOKEN = "This page needs the server's token: open the URL `ralph web` printed "
-  + "when it started (http://…/#token=…). A server started again has a new token, unless "
-  + "$RALPH_WEB_TOKEN sets it.";
+// A token refused (the server was started again, with a new one): said in plain text
+export const NO_TOKEN = "This page's token is not the one the server holds: open the address "
+  + "ralph web printed when it started (it ends in #token=…). A server started again has a "
+  + "new token, unless RALPH_WEB_TOKEN sets it.";
+
+// No token at all: what to open, said once, in place of the page
+export function noToken() {
+  return h("div", { id: "no-token", class: "card no-token" },
+    h("h1", {}, "This page needs its server's token"),
+    h("p", {}, "Open the address ", h("code", {}, "ralph web"), " printed when it started: it "
+      + "ends in ", h("code", {}, "#token=…"), ". The token stays in this tab; nothing is "
+      + "shown without it."),
+    h("p", { class: "note" }, "A server started again has a new token, unless ",
+      h("code", {}, "RALPH_WEB_TOKEN"), " sets it; then add ", h("code", {}, "#token=…"),
+      " with its value to the address yourself."));
+}
+
+// The live badge: hidden where there is no feed to follow (no token, or a refused one)
+export function hideLive() {
+  document.getElementById("live").hidden = true;
+}
 
 function headers(extra = {}) {
   return token ? { ...extra, "X-Ralph-Token": token } : extra;
@@ -96,7 +114,11 @@ export function follow(path, handlers) {
     controller = new AbortController();
     const response = await fetch(path, { headers: headers({ Accept: "text/event-stream" }),
                                          signal: controller.signal });
-    if (response.status === 401) stopped = true;
+    if (response.status === 401) {   // refused: the page said why; nothing to retry
+      stopped = true;
+      hideLive();
+      return;
+    }
     if (!response.ok) throw new Error(`${response.status} ${(await response.text()).trim()}`);
     setLive(true);
     const reader = response.body.getReader();
