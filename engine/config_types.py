@@ -94,6 +94,8 @@ class AgentConfig:
     sandbox: SandboxMode = SandboxMode.ENFORCE   # none, writable: only from a config
     network: Network = Network.OPEN              # outside the workspace (sandbox.py)
     writable: list[str] = field(factory=list)    # more paths runs may write
+    # whose usage windows its runs spend (engine/quota.py): null, "<backend>-<user>"
+    account: str | None = None
 
 
 @define
@@ -106,6 +108,7 @@ class AgentOverride:
     script: str | None = None
     prices: Prices | None = None
     mcp: bool | None = None
+    account: str | None = None
 
 
 @define
@@ -207,6 +210,21 @@ class HookSpec:
 
 
 @define
+class Quota:
+    """Pacing by the agent CLIs' usage windows (engine/quota.py)."""
+    # no new run past this share of a window: one for every window ({all: N}; a number
+    # in ralph.yml is that) or per window ({five_hour: 80, seven_day: 90, all: 90})
+    pause_at_percent: dict[str, float] = field(factory=lambda: {"all": 90.0})
+    reserve_percent: float = 0.0   # kept for the human's own use: at most 100 - this
+    spread: bool = False           # spend a window evenly over its length
+
+
+@define
+class LimitsConfig:
+    quota: Quota = field(factory=Quota)
+
+
+@define
 class Config:
     agent: AgentConfig = field(factory=AgentConfig)
     roles: Roles = field(factory=Roles)
@@ -218,6 +236,7 @@ class Config:
     git: Git = field(factory=Git)
     hooks: dict[str, list[HookSpec]] = field(factory=dict)   # "pre.plan.ready": [...]
     diagnostics: bool = False   # or RALPH_DIAGNOSTICS=1: JSONL under diagnostics/
+    limits: LimitsConfig = field(factory=LimitsConfig)
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled
