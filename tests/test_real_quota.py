@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
@@ -26,27 +27,6 @@ pytestmark = pytest.mark.slow
 AHEAD = 25   # seconds from the executor's first answer to the reset: its turn ends sooner
 
 
-class WindowAt95(Brain):
-    """Answering the executor's first request, the account's 5-hour window reaches 95 %,
-    resetting AHEAD seconds later. `first` keeps when each role's first request came."""
-
-    def __init__(self):
-        self.server = None
-        self.reset: int | None = None
-        self.first: dict[str, float] = {}
-
-    def next(self, turn: Turn):
-        if turn.step == 0:
-            self.first.setdefault(turn.role or "other", time.time())
-        return super().next(turn)
-
-    def executor(self, turn: Turn):
-        if self.reset is None:
-            self.reset = int(time.time()) + AHEAD
-            self.server.window(0.95, self.reset)
-        return super().executor(turn)
-
-
 class Following(Brain):
     """Another engine's model on the same account: it records when each role first asks."""
 
@@ -57,6 +37,22 @@ class Following(Brain):
         if turn.step == 0:
             self.first.setdefault(turn.role or "other", time.time())
         return super().next(turn)
+
+
+class WindowAt95(Following):
+    """Answering the executor's first request, the account's 5-hour window reaches 95 %,
+    resetting AHEAD seconds later. `first` keeps when each role's first request came."""
+
+    def __init__(self):
+        super().__init__()
+        self.server = None
+        self.reset: int | None = None
+
+    def executor(self, turn: Turn):
+        if self.reset is None:
+            self.reset = int(time.time()) + AHEAD
+            self.server.window(0.95, self.reset)
+        return super().executor(turn)
 
 
 @pytest.fixture
@@ -75,6 +71,19 @@ def rig(tmp_path):
     yield make
     for r in made:
         r.close()
+
+
+@contextmanager
+def left_running_killed(engines: list):
+    """Whatever engine of `engines` (a list the test may add to) still runs at the end is
+    killed."""
+    try:
+        yield engines
+    finally:
+        for engine in engines:
+            if engine.poll() is None:
+                engine.kill()
+                engine.communicate()
 
 
 def epoch_of(iso: str) -> float:
@@ -113,8 +122,7 @@ def assert_paced_with_nothing_spent(r: Rig, brain: WindowAt95) -> None:
 def test_claude_at_95_percent_no_new_run_starts_before_the_reset(rig):
     brain = WindowAt95()
     r = rig(brain)
-    engine = r.start()
-    try:
+    with left_running_killed([r.start()]) as (engine,):
         waiting = quota_wait(r)
         assert waiting["window"] == "five_hour" and waiting["role"] == "reviewer", waiting
         assert epoch_of(waiting["until"]) == brain.reset
@@ -125,10 +133,6 @@ def test_claude_at_95_percent_no_new_run_starts_before_the_reset(rig):
         assert view["quota"][0]["percent"] == 95 and view["limit_wait"]["window"] == \
             "five_hour", view
         code, out, err = finish(engine, timeout=180)
-    finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.communicate()
     assert code == 0, out + err
     assert_paced_with_nothing_spent(r, brain)
 
@@ -136,15 +140,10 @@ def test_claude_at_95_percent_no_new_run_starts_before_the_reset(rig):
 def test_claude_kill_9_during_the_quota_wait_resumes_into_the_same_wait(rig):
     brain = WindowAt95()
     r = rig(brain)
-    engine = r.start()
-    try:
+    with left_running_killed([r.start()]) as (engine,):
         before = quota_wait(r)
         os.kill(engine.pid, signal.SIGKILL)
         engine.communicate()
-    finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.communicate()
     assert time.time() < brain.reset, "killed after the reset: the test proves nothing"
     listed = r.ralph("session", "list")
     assert "interrupted" in listed.stdout and "waiting for claude's 5-hour window" in \
@@ -164,22 +163,15 @@ def test_two_engines_on_one_account_the_second_waits_on_the_firsts_reading(rig):
     a = rig(brain, "a")
     follower = Following()
     b = rig(follower, "b")
-    first = a.start()
-    second = None
-    try:
+    with left_running_killed([a.start()]) as engines:
         quota_wait(a)
         assert time.time() < brain.reset, "the reset came first: the test proves nothing"
-        second = b.start()
+        engines.append(b.start())
         waiting = quota_wait(b)
         assert waiting["role"] == "planner" and epoch_of(waiting["until"]) == brain.reset
-        for engine in (first, second):
+        for engine in engines:
             code, out, err = finish(engine, timeout=180)
             assert code == 0, out + err
-    finally:
-        for engine in (first, second):
-            if engine is not None and engine.poll() is None:
-                engine.kill()
-                engine.communicate()
     assert follower.first["planner"] >= brain.reset, (follower.first, brain.reset)
     reached = next(e["payload"] for e in events(b.session_dir()) if
                    e["topic"] == "limit.reached")
