@@ -20,7 +20,7 @@ from support import (DONE, EVIDENCE, REVIEW_OK, events, finish, metadata, plan, 
                      run_logs, session_dir, spawn, start, topics, wait_for, write_config)
 
 from engine.agents.preset import RunEnd
-from engine.agents.presets import Claude
+from engine.agents.presets import Claude, Codex
 from engine.agents.quota_readers import claude_quota
 from engine.config_types import Quota
 from engine.quota import blocking, share
@@ -76,6 +76,35 @@ def test_what_an_agent_prints_is_clamped_or_dropped():
     assert not {"../../etc/passwd", "seven_day_opus", "seven_day_sonnet", "overage"} & set(
         by_window)
     assert len(seen) <= 8   # whatever it prints, a run tells of a few windows
+
+
+def test_codex_windows_are_read_from_its_rollout_file_clamped(tmp_path, monkeypatch):
+    """`codex exec --json` prints none: the last token_count of the thread's rollout file
+    (under $CODEX_HOME, which the run may write: clamped as stdout is)."""
+    thread = "01a2249b-5266-7391-b7ef-1f3d971576b0"
+    day = tmp_path / "sessions" / "2026" / "11" / "28"
+    day.mkdir(parents=True)
+    reset = NOW.timestamp() + 600
+
+    def token_count(primary, secondary=None) -> str:
+        return json.dumps({"type": "event_msg", "payload": {"type": "token_count", "rate_limits": {
+            "primary": primary, "secondary": secondary}}})
+    (day / f"rollout-2026-11-28T11-59-00-{thread}.jsonl").write_text("\n".join([
+        token_count({"used_percent": 50.0, "window_minutes": 300, "resets_at": reset}),
+        "{torn", token_count({"used_percent": 250, "window_minutes": 300, "resets_at": reset},
+                             {"used_percent": -3, "window_minutes": 10080,
+                              "resets_at": 10**13})]))
+    (day / "rollout-2026-11-28T11-59-00-another-thread.jsonl").write_text(
+        token_count({"used_percent": 1, "window_minutes": 300}))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path))
+    stdout = json.dumps({"type": "thread.started", "thread_id": thread})
+    seen = Codex().quota(RunEnd(stdout, "", 0, NOW))
+    assert [(s.window, s.percent) for s in seen] == [("five_hour", 100.0), ("seven_day", 0.0)]
+    assert seen[0].resets_at.timestamp() == reset and seen[1].resets_at is None
+    # a thread id that is no id (a glob, a path) finds nothing
+    for bad in ("*", "../../x"):
+        assert Codex().quota(RunEnd(json.dumps({"type": "thread.started", "thread_id": bad}),
+                                    "", 0, NOW)) == ()
 
 
 # --- the rule ---

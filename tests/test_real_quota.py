@@ -1,4 +1,4 @@
-"""Quota-aware pacing with the real Claude Code (issue 34, DESIGN §10 round 4), logged in as
+"""Quota-aware pacing with the real Claude Code and Codex (issue 34, DESIGN §10 round 4), logged in as
 a subscriber (an OAuth token) against the scripted model server (tests/support/
 model_server.py), whose answers carry the `anthropic-ratelimit-unified-*` headers of a
 5-hour window at 95 %: Claude Code streams a `rate_limit_event` (allowed_warning,
@@ -59,13 +59,13 @@ class WindowAt95(Following):
 def rig(tmp_path):
     made = []
 
-    def make(brain, name: str = "a") -> Rig:
+    def make(brain, name: str = "a", cli: str = "claude") -> Rig:
         (tmp_path / name).mkdir()
-        r = Rig("claude", tmp_path / name, brain, subscriber=True)
+        r = Rig(cli, tmp_path / name, brain, subscriber=cli == "claude")
         if isinstance(brain, WindowAt95):
             brain.server = r.server
         # one account for the test's engines (the tests of a worker share a state directory)
-        write_config(r.ws, {"agent": {"account": f"claude-{tmp_path.name}"[:64]}})
+        write_config(r.ws, {"agent": {"account": f"{cli}-{tmp_path.name}"[:64]}})
         made.append(r)
         return r
     yield make
@@ -119,15 +119,18 @@ def assert_paced_with_nothing_spent(r: Rig, brain: WindowAt95) -> None:
     assert brain.first["reviewer"] >= brain.reset, (brain.first, brain.reset)
 
 
-def test_claude_at_95_percent_no_new_run_starts_before_the_reset(rig):
+@pytest.mark.parametrize("cli", ["claude", "codex"])
+def test_at_95_percent_no_new_run_starts_before_the_reset(rig, cli):
+    """Claude Code streams the window (rate_limit_event); Codex keeps it in its rollout
+    file (its `exec --json` prints none), from the `x-codex-primary-*` headers."""
     brain = WindowAt95()
-    r = rig(brain)
+    r = rig(brain, cli=cli)
     with left_running_killed([r.start()]) as (engine,):
         waiting = quota_wait(r)
         assert waiting["window"] == "five_hour" and waiting["role"] == "reviewer", waiting
         assert epoch_of(waiting["until"]) == brain.reset
         status = r.ralph("session", "status", "real")
-        assert "waiting for claude's 5-hour window until" in status.stdout, status.stdout
+        assert f"waiting for {cli}'s 5-hour window until" in status.stdout, status.stdout
         assert "5-hour window 95 %, resets" in status.stdout, status.stdout
         view = json.loads(r.ralph("session", "status", "real", "--json").stdout)
         assert view["quota"][0]["percent"] == 95 and view["limit_wait"]["window"] == \

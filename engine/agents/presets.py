@@ -21,7 +21,7 @@ from .preset import (ARG_LIMIT, ApprovalHook, McpServer, Preset, QuotaSeen, RunE
                      as_dict, claude_words, conversation_id, count, input_tokens, json_document,
                      json_lines, limit_words, reported_usd, resume_args, write_private)
 from .approval_hooks import GEMINI_HOME, claude_settings, codex_hook, gemini_home
-from .quota_readers import claude_quota
+from .quota_readers import claude_quota, codex_quota
 from .resets import MAX_AHEAD, aware, clock, epoch
 
 __all__ = ["ARG_LIMIT", "ApprovalHook", "McpServer", "Preset", "RunEnd", "RunReport", "RunSetup", "UsageLimit",
@@ -270,6 +270,9 @@ class Codex(Preset):
             if event.get("type") == "thread.started":
                 return conversation_id(event.get("thread_id"))
         return None
+
+    def quota(self, end: RunEnd) -> tuple[QuotaSeen, ...]:
+        return codex_quota(self.conversation(end), end.now)
 
 
 class Gemini(Preset):

@@ -4,6 +4,9 @@ as an error: docs/quota.md). Nothing here trusts the output: an agent prints wha
 """
 from __future__ import annotations
 
+import glob
+import os
+
 from session_store import WINDOW_NAME
 
 from .preset import QuotaSeen, RunEnd, as_dict, json_lines
@@ -43,3 +46,48 @@ def claude_quota(end: RunEnd) -> tuple[QuotaSeen, ...]:
         for window in list(windows)[:MAX_WINDOWS]:
             said(window, as_dict(windows[window]))
     return tuple(seen.values())
+
+
+CODEX_WINDOWS = {300: "five_hour", 10080: "seven_day"}   # minutes: the names Claude's use
+ROLLOUT_TAIL = 1 << 20    # the end of a rollout file read: its last token_count is there
+
+
+def codex_quota(thread: str | None, now) -> tuple[QuotaSeen, ...]:
+    """`codex exec --json` prints no usage window; Codex keeps them (from its API's
+    `x-codex-primary-*` / `-secondary-*` headers) in its rollout file,
+    $CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread id>.jsonl, as `token_count`
+    events: {"rate_limits": {"primary": {"used_percent", "window_minutes", "resets_at"},
+    "secondary": ...}}. The last of them, read from the file's end (a file the run could
+    write: clamped as stdout is)."""
+    if thread is None:
+        return ()
+    home = os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+    days = sorted(glob.glob(os.path.join(glob.escape(home), "sessions", "*", "*", "*")))[-3:]
+    found = [p for day in days for p in glob.glob(os.path.join(
+        glob.escape(day), f"rollout-*-{glob.escape(thread)}.jsonl"))]
+    if not found:
+        return ()
+    try:
+        fd = os.open(found[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - ROLLOUT_TAIL))
+            text = f.read(ROLLOUT_TAIL).decode("utf-8", errors="replace")
+    except OSError:
+        return ()
+    limits: dict = {}
+    for event in json_lines(text):
+        payload = as_dict(event.get("payload"))
+        if payload.get("type") == "token_count" and isinstance(payload.get("rate_limits"),
+                                                               dict):
+            limits = payload["rate_limits"]
+    seen = []
+    for slot in ("primary", "secondary"):
+        window = as_dict(limits.get(slot))
+        used, minutes = window.get("used_percent"), window.get("window_minutes")
+        if isinstance(used, bool) or not isinstance(used, (int, float)) or used != used:
+            continue
+        name = CODEX_WINDOWS.get(minutes, slot) if isinstance(minutes, int) else slot
+        seen.append(QuotaSeen(name, round(min(max(float(used), 0.0), 100.0), 1),
+                              epoch(window.get("resets_at"), aware(now))))
+    return tuple(seen)

@@ -178,7 +178,7 @@ class ModelServer:
                 if path.endswith("/messages"):
                     return self._sse(server._anthropic(body), server._window_headers())
                 if path.endswith("/responses"):
-                    return self._sse(server._openai(body))
+                    return self._sse(server._openai(body), server._codex_window_headers())
                 if path.endswith(":streamGenerateContent"):
                     return self._sse([(None, server._gemini(body))])
                 if path.endswith(":generateContent"):
@@ -267,6 +267,18 @@ class ModelServer:
                 ("anthropic-ratelimit-unified-5h-utilization", str(used))] + (
             [("anthropic-ratelimit-unified-5h-surpassed-threshold", "0.9")]
             if used >= 0.9 else [])
+
+    def _codex_window_headers(self) -> list[tuple[str, str]]:
+        """The same window as OpenAI's answers say it to Codex (`x-codex-primary-*`: used
+        percent, window minutes, reset in epoch seconds)."""
+        with self._lock:
+            if self._window is None:
+                return []
+            used, reset = self._window
+        return [("x-codex-primary-used-percent", f"{used * 100:g}"),
+                ("x-codex-primary-window-minutes", "300"),
+                ("x-codex-primary-reset-at", str(reset)),
+                ("x-codex-primary-reset-after-seconds", str(max(0, reset - int(time.time()))))]
 
     def lift(self) -> None:
         """The limit is over: answer as the model again."""
