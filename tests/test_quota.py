@@ -312,3 +312,58 @@ def test_two_engines_on_one_account_the_second_waits_on_the_firsts_reading(tmp_p
     assert reached["role"] == "planner" and reached["quota"]["percent"] == 95, reached
     planned = next(x for x in e if x["topic"] == "plan.ready")
     assert ts(planned) >= reset, (planned["ts"], reset)
+
+
+@pytest.mark.slow
+def test_kill_at_every_write_around_a_quota_wait_then_resume_waits_and_completes(tmp_path):
+    """The crash matrix, for a window past its threshold (as test_limits.py's for a
+    limit): killed after each durable write from the reading's record to the paced run's
+    outcome (the reading, the wait in metadata, its end), the session resumes, waits if
+    the window has not reset, and completes with nothing spent."""
+    import subprocess
+
+    import _crashkit as kit
+    from support import RALPH, base_env, demo_config
+
+    def run(ws, **env) -> subprocess.CompletedProcess:
+        demo_config(ws, steps_at(95, time.time() + 2),
+                    {"agent": {"account": f"crash-{tmp_path.name}-{ws.name}"[:64]}})
+        return subprocess.run(RALPH + ["session", "start", "objective", "--id", "s"], cwd=ws,
+                              env=kit.cached_bytecode(base_env(**env)), capture_output=True,
+                              text=True, timeout=120)
+
+    base = tmp_path / "base"
+    base.mkdir()
+    trace = tmp_path / "trace"
+    assert run(base, RALPH_TEST_WRITE_TRACE=trace).returncode == 0
+    writes = kit.read_trace(trace, base, "s")
+    at = [i for i, w in enumerate(writes) if w.kind == "event"]
+    said = [events(session_dir(base, "s"))[n]["topic"] for n in range(len(at))]
+    observed = at[said.index("quota.observed")]
+    reviewed = at[said.index("review.done")]
+    points = writes[observed - 1:reviewed + 2]
+    assert len(points) >= 4, points
+    expected = kit.outcome(base, "s")
+
+    def kill_at(w) -> str | None:
+        ws = tmp_path / f"w{w.n:03d}"
+        ws.mkdir()
+        try:
+            killed = run(ws, RALPH_TEST_CRASH_AT_WRITE=w.n)
+            assert killed.returncode == kit.KILLED, killed.stderr
+            kit.check_after_kill(ws, "s")
+            resumed = subprocess.run(RALPH + ["session", "resume", "s"], cwd=ws,
+                                     env=kit.cached_bytecode(base_env()), capture_output=True,
+                                     text=True, timeout=120)
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            assert kit.check_finished(ws, "s") == expected
+            m = metadata(session_dir(ws, "s"))
+            assert m["limit_wait"] is None and m["fallback"]["errors"] == 0
+            assert "task.resume" not in topics(session_dir(ws, "s"))
+        except Exception as e:  # noqa: BLE001 - reported per point below
+            return f"killed after write {w.n} ({w.kind} {w.path}): {type(e).__name__}: {e}"
+        kit.remove_workspace(ws)
+        return None
+
+    failures = kit.run_all(kill_at, points)
+    assert not failures, "\n".join(failures)
