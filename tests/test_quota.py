@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from support import (DONE, EVIDENCE, REVIEW_OK, events, finish, metadata, plan, ralph,
+from support import (DONE, EVIDENCE, REVIEW_OK, base_env, events, finish, metadata, plan, ralph,
                      run_logs, session_dir, spawn, start, topics, wait_for, write_config)
 
 from engine.agents.preset import RunEnd
@@ -323,7 +323,7 @@ def test_kill_at_every_write_around_a_quota_wait_then_resume_waits_and_completes
     import subprocess
 
     import _crashkit as kit
-    from support import RALPH, base_env, demo_config
+    from support import RALPH, demo_config
 
     def run(ws, **env) -> subprocess.CompletedProcess:
         demo_config(ws, steps_at(95, time.time() + 2),
@@ -367,3 +367,37 @@ def test_kill_at_every_write_around_a_quota_wait_then_resume_waits_and_completes
 
     failures = kit.run_all(kill_at, points)
     assert not failures, "\n".join(failures)
+
+
+def test_a_fleet_on_one_account_shares_the_reading_through_postgresql(tmp_path, postgres_url,
+                                                                     monkeypatch):
+    """Two machines (a state directory each, one PostgreSQL store): machine B's session
+    starts no run before the reset machine A's run read."""
+    reset = int(time.time()) + 10
+    config = account_config(tmp_path)
+    machines = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        machines[name] = (tmp_path / name, base_env(
+            RALPH_STORE_URL=postgres_url, RALPH_STATE_DIR=tmp_path / f"state-{name}",
+            RALPH_MACHINE=name))
+    (a, env_a), (b, env_b) = machines["a"], machines["b"]
+    first = start(a, steps_at(95, reset), sid="sa", config=config, env=env_a)
+    wait_for(lambda: json.loads(ralph(a, "session", "status", "sa", "--json", env=env_a)
+                                .stdout or "{}").get("limit_wait"), timeout=60)
+    second = start(b, steps_at(10, reset + 3600), sid="sb", config=config, env=env_b)
+    for proc in (first, second):
+        code, out, err = finish(proc, timeout=90)
+        assert code == 0, out + err
+    # through the database: machine B's state directory holds no reading of the account
+    assert not (tmp_path / "state-b" / "accounts").exists()
+    for name, value in (("RALPH_STORE_URL", postgres_url),
+                        ("RALPH_STATE_DIR", str(tmp_path / "state-b")), ("RALPH_MACHINE", "b")):
+        monkeypatch.setenv(name, value)
+    from session_store import load
+    session = load(str(b), "sb")
+    said = session.events_after(0)
+    reached = next(e["payload"] for e in said if e["topic"] == "limit.reached")
+    assert reached["role"] == "planner" and reached["quota"]["percent"] == 95, reached
+    assert ts(next(e for e in said if e["topic"] == "plan.ready")) >= reset
+    assert session.metadata.status.value == "completed"
