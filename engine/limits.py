@@ -19,7 +19,7 @@ a run starts: `pace` records the same wait (or switch, or pause), up to the wind
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from session_store import LimitWait, PauseKind
 from states import Next, Trigger
@@ -45,6 +45,9 @@ class LimitKeeper:
         self.wakeup = wakeup
         self._say = say
         self._publish = publish
+        # the windows a human let through (resume --now), and when: a reading from before
+        # holds no run back in this engine; a newer one (a run's since) paces again
+        self._waved: dict[str, datetime] = {}
 
     @property
     def waiting(self) -> LimitWait | None:
@@ -67,8 +70,9 @@ class LimitKeeper:
         agent = self.agent_config(role)
         account = quota.account_of(agent)
         self.tracker.note_account(account)
-        block = quota.blocking(self.tracker.session.quota(account), self.config.limits.quota,
-                               self.clock.now())
+        readings = {w: r for w, r in self.tracker.session.quota(account).items()
+                    if w not in self._waved or r.seen_at > self._waved[w]}
+        block = quota.blocking(readings, self.config.limits.quota, self.clock.now())
         if block is None:
             return None
         return self.hit(role, task_id, agent, UsageLimit(block.until, block.words()),
@@ -165,11 +169,14 @@ class LimitKeeper:
         self.over("the limit reset")
         return None
 
-    def over(self, why: str) -> None:
-        """The wait is over (its reset came, or a human said retry now)."""
+    def over(self, why: str, waved: bool = False) -> None:
+        """The wait is over (its reset came, or a human said retry now: `waved`, and a
+        window's reading then holds no run back)."""
         w = self.waiting
         if w is None:
             return
+        if waved and w.window:
+            self._waved[w.window] = self.clock.now()
         self._publish("limit.over", {"agent": w.agent, "why": why,
                                      "waited_seconds": round((self.clock.now() - w.since)
                                                              .total_seconds(), 3)})

@@ -401,3 +401,22 @@ def test_a_fleet_on_one_account_shares_the_reading_through_postgresql(tmp_path, 
     assert reached["role"] == "planner" and reached["quota"]["percent"] == 95, reached
     assert ts(next(e for e in said if e["topic"] == "plan.ready")) >= reset
     assert session.metadata.status.value == "completed"
+
+
+def test_pause_then_resume_now_during_a_quota_wait_runs_at_once(tmp_path):
+    """The human's verbs act on the wait: a PAUSE signal pauses it (exit 3); `resume --now`
+    lets the window through (it is not waited for again on the same reading)."""
+    reset = int(time.time()) + 3600
+    proc = start(tmp_path, steps_at(95, reset), config=account_config(tmp_path))
+    sd = session_dir(tmp_path, "s")
+    wait_for(lambda: (sd / "metadata.yaml").exists() and metadata(sd).get("limit_wait"),
+             timeout=60)
+    assert ralph(tmp_path, "signal", "pause", "not now", "--session", "s").returncode == 0
+    code, out, err = finish(proc, timeout=60)
+    assert code == 3, out + err
+    resumed = ralph(tmp_path, "session", "resume", "s", "--now")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    over = [e["payload"] for e in events(sd) if e["topic"] == "limit.over"]
+    assert over and over[-1]["why"] == "ralph session resume --now", over
+    assert topics(sd).count("limit.reached") == 1
+    assert metadata(sd)["status"] == "completed"
