@@ -37,7 +37,9 @@ def claude_quota(end: RunEnd) -> tuple[QuotaSeen, ...]:
         seen[window] = QuotaSeen(window, round(min(max(float(used), 0.0), 1.0) * 100, 1),
                                  epoch(info.get("resetsAt"), now))
 
-    for event in json_lines(end.stdout):
+    # only the lines that can be one are decoded (a run's log is mostly other lines)
+    said_lines = "\n".join(line for line in end.stdout.splitlines() if "rate_limit_event" in line)
+    for event in json_lines(said_lines):
         if event.get("type") != "rate_limit_event":
             continue
         info = as_dict(event.get("rate_limit_info"))
