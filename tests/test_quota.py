@@ -25,6 +25,7 @@ from engine.agents.quota_readers import claude_quota
 from engine.config_types import Quota
 from engine.quota import blocking, share
 from session_store import QuotaReading
+from test_store_contract import store  # noqa: F401  (the fixture: both backends)
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
 
@@ -148,6 +149,25 @@ def test_a_runs_share_is_the_rise_within_one_window_period():
     assert share(before, reading("five_hour", 93.5, 600)) == 3.5
     assert share(before, reading("five_hour", 4, 18000)) == 4   # it reset meanwhile
     assert share(None, reading("five_hour", 50, 600)) == 0      # no earlier word: unknown
+
+
+# --- the store's verbs, on both backends ---
+
+def test_every_session_on_an_account_sees_its_newest_reading_of_each_window(store):
+    one, other = store.new("s1"), store.new("s2")
+    account = f"acct-{one.id}-{os.getpid()}"
+    first = QuotaReading(window="five_hour", percent=91, resets_at=NOW + timedelta(hours=1),
+                         seen_at=NOW, agent="claude", session=one.id)
+    assert one.record_quota(account, first)
+    older = QuotaReading(window="five_hour", percent=12, resets_at=NOW, agent="codex",
+                         seen_at=NOW - timedelta(seconds=1), session=other.id)
+    assert not other.record_quota(account, older)   # another engine's newer one stands
+    weekly = QuotaReading(window="seven_day", percent=40, resets_at=None, agent="claude",
+                          seen_at=NOW + timedelta(seconds=1), session=other.id)
+    assert other.record_quota(account, weekly)
+    for session in (one, other, store.reopen(one)):
+        assert session.quota(account) == {"five_hour": first, "seven_day": weekly}
+    assert one.quota(account + "-another") == {}
 
 
 # --- config ---
