@@ -153,7 +153,7 @@ def test_a_runs_share_is_the_rise_within_one_window_period():
 
 # --- the store's verbs, on both backends ---
 
-def test_every_session_on_an_account_sees_its_newest_reading_of_each_window(store):
+def test_every_session_on_an_account_sees_its_newest_reading(store):  # noqa: F811
     one, other = store.new("s1"), store.new("s2")
     account = f"acct-{one.id}-{os.getpid()}"
     first = QuotaReading(window="five_hour", percent=91, resets_at=NOW + timedelta(hours=1),
