@@ -49,10 +49,17 @@ def parse(text: str | bytes, source: str, all_errors: bool = False,
 
 
 def _rules_as_mappings(data):
-    """`agent.approve` takes a rule alone ("Bash(git push*)") for {rule: ...}."""
+    """`agent.approve` takes a rule alone ("Bash(git push*)") for {rule: ...};
+    `limits.quota.pause_at_percent` a number for {all: N}."""
     agent = data.get("agent") if isinstance(data, dict) else None
     if isinstance(agent, dict) and isinstance(agent.get("approve"), list):
         agent["approve"] = [{"rule": r} if isinstance(r, str) else r for r in agent["approve"]]
+    limits = data.get("limits") if isinstance(data, dict) else None
+    quota = limits.get("quota") if isinstance(limits, dict) else None
+    if isinstance(quota, dict):
+        at = quota.get("pause_at_percent")
+        if isinstance(at, (int, float)) and not isinstance(at, bool):
+            quota["pause_at_percent"] = {"all": at}
     return data
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import math
 
-from session_store import ROLES, shown
+from session_store import ACCOUNT_NAME, ROLES, WINDOW_NAME, shown
 
 from .config_types import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError,
                            OnLimit)
@@ -99,7 +99,35 @@ def range_errors(config: Config) -> list[str]:
         value = getattr(config.fallback, name)
         if f"fallback.{name}" not in not_finite and not 0 <= value <= 1:
             errors.append(f"$.fallback.{name}: expected a number in [0, 1], got {shown(value)}")
-    errors += hook_errors(config) + approval_errors(config)
+    errors += hook_errors(config) + approval_errors(config) + quota_errors(config)
+    return errors
+
+
+def quota_errors(config: Config) -> list[str]:
+    """`limits.quota`: percents of a window, per window name (or `all`), and the agents'
+    account labels (a file's name in the state directory)."""
+    errors = []
+    q = config.limits.quota
+    for window, percent in q.pause_at_percent.items():
+        where = "$.limits.quota.pause_at_percent" + \
+            ("" if list(q.pause_at_percent) == ["all"] else f".{window}")
+        if window != "all" and not WINDOW_NAME.fullmatch(window):
+            errors.append(f"{where}: expected `all` or a window's name (five_hour, seven_day, "
+                          f"...), got {shown(window)}")
+        elif not 0 < percent <= 100:   # NaN too
+            errors.append(f"{where}: expected a percent in (0, 100], got {shown(percent)}")
+    if not 0 <= q.reserve_percent < 100:
+        errors.append(f"$.limits.quota.reserve_percent: expected a percent in [0, 100), got "
+                      f"{shown(q.reserve_percent)}")
+    accounts = [("agent", config.agent.account)] + [
+        (f"roles.{r}.agent", o.account) for r in ROLES
+        if (o := getattr(config.roles, r).agent) is not None] + (
+        [("agent.limit_fallback", config.agent.limit_fallback.account)]
+        if config.agent.limit_fallback is not None else [])
+    for where, account in accounts:
+        if account is not None and not ACCOUNT_NAME.fullmatch(account):
+            errors.append(f"$.{where}.account: expected letters, digits and . _ @ + - (at "
+                          f"most 64, starting with a letter or digit), got {shown(account)}")
     return errors
 
 

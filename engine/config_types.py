@@ -141,6 +141,10 @@ class AgentConfig:
     writable: list[str] = key(factory=list, doc=(
         "more paths runs may write (a build cache: [\"~/.cache/go-build\"]); only from a "
         "config outside the workspace"))
+    account: str | None = key(None, doc=(
+        "whose usage windows its runs spend (limits.quota): runs on one account share one "
+        "budget, across sessions and, on a PostgreSQL store, machines; null: "
+        "`<backend>-<user>`"))
 
 
 @define
@@ -153,6 +157,7 @@ class AgentOverride:
     script: str | None = key(None, doc="as agent.script; null: agent's")
     prices: Prices | None = key(None, doc="as agent.prices; null: agent's")
     mcp: bool | None = key(None, doc="as agent.mcp; null: agent's")
+    account: str | None = key(None, doc="as agent.account; null: agent's")
 
 
 @define
@@ -301,6 +306,25 @@ class HookSpec:
 
 
 @define
+class Quota:
+    """Pacing by the agent CLIs' usage windows (engine/quota.py)."""
+    pause_at_percent: dict[str, float] = key(factory=lambda: {"all": 90.0}, doc=(
+        "no new run past this share of a usage window: one number for every window, or "
+        "per window ({five_hour: 80, seven_day: 90, all: 90}); the run in flight finishes, "
+        "the session waits for the window's reset as for a usage limit"))
+    reserve_percent: float = key(0.0, doc=(
+        "kept for your own use of the account: the threshold is at most 100 minus this"))
+    spread: bool = key(False, doc=(
+        "pace runs so that a window's remainder lasts until its reset, instead of running "
+        "to the threshold and waiting"))
+
+
+@define
+class LimitsConfig:
+    quota: Quota = key(factory=Quota, doc="pacing by usage windows (percent of a window)")
+
+
+@define
 class Config:
     agent: AgentConfig = key(factory=AgentConfig, doc=(
         "the agent every role runs, unless the role changes it"))
@@ -320,6 +344,8 @@ class Config:
     diagnostics: bool = key(False, doc=(
         "JSONL records of every transition, gate verdict, assessment, agent run and hook "
         "run, for `ralph session diagnose` (RALPH_DIAGNOSTICS=1 turns them on too)"))
+    limits: LimitsConfig = key(factory=LimitsConfig, doc=(
+        "pacing by the agent CLIs' usage windows: [Usage limits](usage-limits.md)"))
 
     def role_enabled(self, role: str) -> bool:
         return getattr(self.roles, role).enabled

@@ -168,7 +168,7 @@ class Engine:
             if message:
                 self.mailbox.add_message(message)
             if now:
-                self.limits.over("ralph session resume --now")
+                self.limits.over("ralph session resume --now", waved=True)
             if self.confinement:   # the session held and not refused: it will run
                 print(self.confinement, file=sys.stderr, flush=True)
             try:

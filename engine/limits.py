@@ -13,20 +13,25 @@ step runs again once the limit resets. Per `agent.on_limit`:
 
 The time spent waiting is not the session's runtime: max_runtime_seconds and the
 assessor's time without progress count work, not waits.
+
+A usage window past limits.quota's threshold (engine/quota.py) is met the same way before
+a run starts: `pace` records the same wait (or switch, or pause), up to the window's reset.
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from session_store import LimitWait, PauseKind
 from states import Next, Trigger
 
-from .agents.preset import UsageLimit
+from . import quota
+from .agents.preset import QuotaSeen, UsageLimit
 from .clock import until as sleep_toward
 from .config import AgentConfig, Config, OnLimit
 from .mailbox import Mode
 from .safe_text import printable
-from .views import at_utc, describe_limit_wait
+from .quota_view import at_utc
+from .views import describe_limit_wait
 
 MIN_WAIT_SECONDS = 1.0   # a reset already past (clocks disagree) still waits this long
 
@@ -40,6 +45,9 @@ class LimitKeeper:
         self.wakeup = wakeup
         self._say = say
         self._publish = publish
+        # the windows a human let through (resume --now), and when: a reading from before
+        # holds no run back in this engine; a newer one (a run's since) paces again
+        self._waved: dict[str, datetime] = {}
 
     @property
     def waiting(self) -> LimitWait | None:
@@ -53,8 +61,50 @@ class LimitKeeper:
             return self.config.limit_fallback(role)
         return agent
 
+    def pace(self, role: str, task_id: str | None) -> Next | None:
+        """No new run past a usage window's threshold: the wait (or switch, or pause, per
+        agent.on_limit) for its reset, recorded as a hard limit's is. None: run (after
+        `wait_out`)."""
+        if self.waiting is not None:
+            return None   # a wait is on already (the same one, after a resume)
+        agent = self.agent_config(role)
+        account = quota.account_of(agent)
+        self.tracker.note_account(account)
+        readings = {w: r for w, r in self.tracker.session.quota(account).items()
+                    if w not in self._waved or r.seen_at > self._waved[w]}
+        block = quota.blocking(readings, self.config.limits.quota, self.clock.now())
+        if block is None:
+            return None
+        return self.hit(role, task_id, agent, UsageLimit(block.until, block.words()),
+                        window={"account": account, "window": block.reading.window,
+                                "percent": block.reading.percent,
+                                "threshold": block.threshold, "spread": block.spread})
+
+    def observed(self, agent: AgentConfig, seen: tuple[QuotaSeen, ...], role: str,
+                 task_id: str | None) -> None:
+        """What a run's CLI said of its account's windows: each change recorded for every
+        session on the account, with a `quota.observed` event and the run's share."""
+        if not seen:
+            return
+        session, account = self.tracker.session, quota.account_of(agent)
+        known = session.quota(account)
+        self.tracker.note_account(account)
+        for reading in quota.readings_of(seen, agent.backend.value, session.id,
+                                         self.clock.now()):
+            before = known.get(reading.window)
+            points = quota.share(before, reading)
+            if points:
+                self.tracker.add_quota_points(role, task_id, reading.window, points)
+            if not quota.changed(before, reading) or not session.record_quota(account, reading):
+                continue
+            self._publish("quota.observed", {
+                "account": account, "agent": reading.agent, "window": reading.window,
+                "percent": reading.percent,
+                "resets_at": reading.resets_at.isoformat() if reading.resets_at else None,
+                "role": role, "task": task_id, "share": points})
+
     def hit(self, role: str, task_id: str | None, agent: AgentConfig,
-            limit: UsageLimit) -> Next | None:
+            limit: UsageLimit, window: dict | None = None) -> Next | None:
         """A run ended on its CLI's limit: the wait is recorded (durably) before anything
         else. A pause comes back as its Next; None: retry the step (after `wait_out`)."""
         a = self.config.agent
@@ -77,15 +127,21 @@ class LimitKeeper:
             "agent": agent.backend.value, "role": role, "task": task_id,
             "reset": limit.until.isoformat() if limit.until else None,
             "retry_at": retry_at.isoformat(), "text": limit.text[:1000], "action": action,
-            **({"switched_to": fallback} if fallback else {})})
+            **({"switched_to": fallback} if fallback else {}),
+            **({"quota": window} if window else {})})
         if action == "pause":   # the human resumes when they choose
-            return Next(Trigger.PAUSE, f"{agent.backend.value} hit its usage limit ({words}); "
+            return Next(Trigger.PAUSE, f"{agent.backend.value} "
+                        f"{'is at its usage window' if window else 'hit its usage limit'} "
+                        f"({words}); "
                         f"it resets at {at_utc(reset)}; on_limit: pause", PauseKind.USAGE_LIMIT)
         self.tracker.set_limit_wait(LimitWait(
             agent=agent.backend.value, role=role, task=task_id, since=now, until=retry_at,
-            text=words, reset_given=limit.until is not None, switched_to=fallback))
+            text=words, reset_given=limit.until is not None, switched_to=fallback,
+            window=window["window"] if window else None))
         if fallback:
-            self._say(f"{agent.backend.value} hit its usage limit ({words}): the {role} runs "
+            self._say(f"{agent.backend.value} "
+                      f"{'is at its usage window' if window else 'hit its usage limit'} "
+                      f"({words}): the {role} runs "
                       f"on {fallback} until {at_utc(retry_at)}")
         return None
 
@@ -113,11 +169,14 @@ class LimitKeeper:
         self.over("the limit reset")
         return None
 
-    def over(self, why: str) -> None:
-        """The wait is over (its reset came, or a human said retry now)."""
+    def over(self, why: str, waved: bool = False) -> None:
+        """The wait is over (its reset came, or a human said retry now: `waved`, and a
+        window's reading then holds no run back)."""
         w = self.waiting
         if w is None:
             return
+        if waved and w.window:
+            self._waved[w.window] = self.clock.now()
         self._publish("limit.over", {"agent": w.agent, "why": why,
                                      "waited_seconds": round((self.clock.now() - w.since)
                                                              .total_seconds(), 3)})

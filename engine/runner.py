@@ -1,7 +1,8 @@
 """The agent runner: one role invocation, as a pipeline of one concern per step.
 
-  admit    -> no run past a limit, none while a human question is pending, the wait for
-              an agent's usage limit, the cooldown
+  admit    -> no run past a limit, none while a human question is pending, none past a
+              usage window's threshold (engine/quota.py), the wait for an agent's usage
+              limit, the cooldown
   prepare  -> the run's environment, guidance, prompt and log files
   execute  -> the backend runs it; PAUSE/ABORT stop it; a priority STEER starts it over;
               a run that ended on its CLI's usage limit is no attempt: the limit is
@@ -126,8 +127,9 @@ class AgentRunner:
             pending: list[dict] | None = None) -> RoleRun | Next:
         """One agent invocation (again at once after a priority STEER). Its events come
         back gated."""
-        if stop := self._batch_stopped() or self._admit() or self.limits.wait_out() \
-                or self._cool_down():
+        if stop := self._batch_stopped() or self._admit() \
+                or self.limits.pace(role, task.id if task else None) \
+                or self.limits.wait_out() or self._cool_down():
             return stop
         self.current_task = task
         while True:
@@ -139,6 +141,8 @@ class AgentRunner:
                 ended(prepared.unit, prepared.invocation.env[containment.RUN_MARK])
             if not outcome.stopped and not outcome.limit:
                 break
+            # what its CLI said of its account's usage windows (a run cut short's too)
+            self._observe_quota(role, task, prepared, outcome)
             # a run cut short is continued where its CLI can (a resume, a limit, a STEER)
             self._interrupted(prepared, outcome)
             self._account_cost(role, [], outcome)   # a stopped run still cost what it did
@@ -156,6 +160,7 @@ class AgentRunner:
         self.mailbox.delivered(prepared.guidance_ids, prepared.unit)
         result = self._collect(role, task, outcome,
                                prepared.invocation.env[containment.RUN_MARK])
+        self._observe_quota(role, task, prepared, outcome)   # after its events are read
         decision = next((d for observe in self.observers if (d := observe(result))), None)
         if decision is not None:
             return decision
@@ -279,6 +284,10 @@ class AgentRunner:
         if outcome.conversation:
             self.tracker.set_interrupted(InterruptedRun(
                 prepared.unit, prepared.agent.backend.value, outcome.conversation))
+
+    def _observe_quota(self, role: str, task: PlannedTask | None, prepared: _Prepared,
+                       outcome: Outcome) -> None:
+        self.limits.observed(prepared.agent, outcome.quota, role, task.id if task else None)
 
     def _forget_attempt(self, prepared: _Prepared) -> None:
         """A run that ended on its CLI's limit was no attempt: the retry has its number."""

@@ -108,6 +108,17 @@ class Tracker:
         """What a run spent; saved with the next commit point."""
         self.metadata.usage.add(role, input_tokens, output_tokens, usd)
 
+    def add_quota_points(self, role: str, task: str | None, window: str,
+                         points: float) -> None:
+        """A run's share of a usage window; saved with the next commit point."""
+        self.metadata.usage.add_quota(role, task, window, points)
+
+    def note_account(self, account: str) -> None:
+        """An account the session's agents spend (its windows show in `status`)."""
+        if account not in self.metadata.accounts:
+            self.metadata.accounts.append(account)
+            self.save()
+
     def count_invocation(self) -> int:
         """A new agent run: its number (it names the run's logs)."""
         self.metadata.usage.agent_invocations += 1

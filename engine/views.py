@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from session_store import (BadInput, PauseKind, State, Status, list_ids, load, progress,
                            unstructure)
 
+from .quota_view import at_utc, quota_lines, quota_view, window_name
 from .safe_text import author, clock, excerpt, field, printable
 
 
@@ -52,6 +53,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "waiting_signals": session.signals.waiting(),
         "assessment": _assessment_view(m.fallback),
         "usage": unstructure(m.usage),
+        "quota": quota_view(session, m),
         "limits": {"max_iterations": m.limits.max_iterations,
                    "max_runtime_seconds": m.limits.max_runtime_seconds,
                    "max_cost_usd": m.limits.max_cost_usd},
@@ -76,20 +78,18 @@ def _limit_view(m) -> dict:
     return {"waiting": describe_limit_wait(w, datetime.now(timezone.utc)),
             "limit_wait": {"agent": w.agent, "role": w.role, "task": w.task,
                            "until": w.until.isoformat(), "since": w.since.isoformat(),
-                           "text": w.text, "switched_to": w.switched_to}}
+                           "text": w.text, "switched_to": w.switched_to,
+                           "window": w.window}}
 
 
 def describe_limit_wait(w, now: datetime) -> str:
     """"waiting for claude's usage limit until 05:00 (2h 13m)" (UTC)."""
     left = max(0, int((w.until - now).total_seconds()))
-    doing = f"running on {w.switched_to} while {w.agent}'s usage limit lasts" if \
-        w.switched_to else f"waiting for {w.agent}'s usage limit"
+    what = f"{w.agent}'s {window_name(w.window)} window" if w.window else \
+        f"{w.agent}'s usage limit"
+    doing = f"running on {w.switched_to} while {what} lasts" if \
+        w.switched_to else f"waiting for {what}"
     return f"{doing} until {at_utc(w.until)} ({_span(left)})"
-
-
-def at_utc(t: datetime) -> str:
-    t = t.astimezone(timezone.utc)
-    return t.strftime("%H:%M UTC") if t.second == 0 else t.strftime("%H:%M:%S UTC")
 
 
 def _span(seconds: int) -> str:
@@ -259,6 +259,7 @@ def status_text(v: dict) -> str:
             [f"{u['input_tokens']:,}/{u['output_tokens']:,}"]
             + [f"{field(role)} {r['input_tokens']:,}/{r['output_tokens']:,} ${r['cost_usd']:.2f}"
                for role, r in u["by_role"].items()]))
+    lines += quota_lines(v)
     if v["current_tasks"]:
         lines.append("")
         lines += [f"  [{field(t['marker'])}] {field(t['id'])}: {printable(t['title'])} "

@@ -50,6 +50,7 @@ class RoleUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    quota_points: dict[str, float] = field(factory=dict)   # window -> its percent points
 
 
 @record
@@ -60,6 +61,15 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     by_role: dict[str, RoleUsage] = field(factory=dict)
+    # each task's share of the usage windows its runs read: task -> window -> percent points
+    quota_by_task: dict[str, dict[str, float]] = field(factory=dict)
+
+    def add_quota(self, role: str, task: str | None, window: str, points: float) -> None:
+        mine = self.by_role.setdefault(role, RoleUsage()).quota_points
+        mine[window] = round(mine.get(window, 0.0) + points, 1)
+        if task is not None:
+            its = self.quota_by_task.setdefault(task, {})
+            its[window] = round(its.get(window, 0.0) + points, 1)
 
     def add(self, role: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
         mine = self.by_role.setdefault(role, RoleUsage())
@@ -109,6 +119,7 @@ class LimitWait:
     text: str                   # the CLI's own words, as one line
     reset_given: bool = True    # False: the CLI said no reset (agent.limit_wait_seconds)
     switched_to: str | None = None   # on_limit: switch: the backend running meanwhile
+    window: str | None = None   # a usage window past limits.quota (no limit hit): its name
 
 
 @record
@@ -151,6 +162,7 @@ class SessionMetadata:
     limit_wait: LimitWait | None = None
     interrupted: InterruptedRun | None = None
     git: GitInfo | None = None     # None: not a git workspace, or git.commits off
+    accounts: list[str] = field(factory=list)   # whose usage windows its agents spend
 
 
 @record

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from . import _diagnostics
+from . import _diagnostics, _quota
 from ._atomic import read_nofollow, write_atomic
 from ._faults import DiskFaults
 from ._iteration import Iteration
@@ -20,6 +20,7 @@ from ._work import WorkArea
 
 if TYPE_CHECKING:
     from ._interface import BusReader, Lease, Questions, Signals, Wakeups
+    from ._quota import QuotaReading
 
 SUMMARY_FILE = "summary.md"
 SCRATCHPAD_FILE = "scratchpad.md"
@@ -165,6 +166,17 @@ class Session(DiskFaults, ABC):
                                  MAX_SCRATCHPAD_BYTES).decode("utf-8", errors="replace")
         except OSError:   # none, or a symlink planted in its place: not read
             return None
+
+    # --- its accounts' usage windows (shared by every session on an account: _quota) ---
+
+    def quota(self, account: str) -> "dict[str, QuotaReading]":
+        """The latest reading of each window of `account`, whichever session saw it."""
+        return _quota.read_account(account)
+
+    def record_quota(self, account: str, reading: "QuotaReading") -> bool:
+        """Keep a window's reading for every session on `account` (unless a newer one is
+        there): True when kept."""
+        return _quota.record_reading(account, reading)
 
     # --- a hook run's log (descriptor, path), diagnostics: see _diagnostics ---
 

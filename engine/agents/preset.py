@@ -37,6 +37,15 @@ class UsageLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaSeen:
+    """A usage window as the CLI said it stood during the run: `percent` used (clamped to
+    0..100), resetting at `resets_at` (None: not said or implausible)."""
+    window: str            # the CLI's name of it: five_hour, seven_day, ...
+    percent: float
+    resets_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnd:
     """How a run ended, as a preset reads it for a limit or its conversation's id."""
     stdout: str
@@ -123,6 +132,10 @@ class Preset:
     def conversation(self, end: RunEnd) -> str | None:
         """The CLI's id for this run's conversation, to continue it (resumes)."""
         return None
+
+    def quota(self, end: RunEnd) -> tuple[QuotaSeen, ...]:
+        """The usage windows the run's output told of (the latest of each), if any."""
+        return ()
 
     def preflight(self, extra: list[str], path: str | None) -> str | None:
         """Why this CLI cannot run here (one line), or None."""

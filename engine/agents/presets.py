@@ -16,10 +16,12 @@ import re
 from datetime import timedelta
 
 from ..config import Backend, PromptMode
-from .preset import (ARG_LIMIT, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit,
+from .preset import (ARG_LIMIT, ApprovalHook, McpServer, Preset, QuotaSeen, RunEnd, RunReport,
+                     RunSetup, UsageLimit,
                      as_dict, claude_words, conversation_id, count, input_tokens, json_document,
                      json_lines, limit_words, reported_usd, resume_args, write_private)
 from .approval_hooks import GEMINI_HOME, claude_settings, codex_hook, gemini_home
+from .quota_readers import claude_quota, codex_quota
 from .resets import MAX_AHEAD, aware, clock, epoch
 
 __all__ = ["ARG_LIMIT", "ApprovalHook", "McpServer", "Preset", "RunEnd", "RunReport", "RunSetup", "UsageLimit",
@@ -63,6 +65,10 @@ class Demo(Command):
         said = next((e for e in json_lines(end.stdout) if e.get("type") == "conversation"),
                     None)
         return str(said["id"])[:200] if said and said.get("id") else None
+
+    def quota(self, end: RunEnd) -> tuple[QuotaSeen, ...]:
+        """Said as Claude Code says it (a script prints its `rate_limit_event` lines)."""
+        return claude_quota(end)
 
 
 class Claude(Preset):
@@ -166,6 +172,9 @@ class Claude(Preset):
             until = clock(found, found["tz"], now) if found else None
         return UsageLimit(until, limit_words(said or "rate limit rejected"))
 
+    def quota(self, end: RunEnd) -> tuple[QuotaSeen, ...]:
+        return claude_quota(end)
+
     def conversation(self, end: RunEnd) -> str | None:
         """Every stream-json line carries the session's id, the init line first."""
         for event in json_lines(end.stdout):
@@ -261,6 +270,9 @@ class Codex(Preset):
             if event.get("type") == "thread.started":
                 return conversation_id(event.get("thread_id"))
         return None
+
+    def quota(self, end: RunEnd) -> tuple[QuotaSeen, ...]:
+        return codex_quota(self.conversation(end), end.now)
 
 
 class Gemini(Preset):

@@ -26,7 +26,8 @@ from session_store import keep_bounded, open_beneath
 from .. import containment, procfs, supervisor
 from ..config import PromptMode
 from .sandbox import Sandbox
-from .preset import ARG_LIMIT, PROMPT_FILE, ApprovalHook, McpServer, Preset, RunEnd, RunReport, RunSetup, UsageLimit
+from .preset import (ARG_LIMIT, PROMPT_FILE, ApprovalHook, McpServer, Preset, QuotaSeen, RunEnd,
+                     RunReport, RunSetup, UsageLimit)
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class Outcome:
     left_behind: int = 0           # processes still running when it ended, then stopped
     limit: UsageLimit | None = None   # it ended on its CLI's usage or rate limit
     conversation: str | None = None   # the CLI's id of its conversation (to continue it)
+    quota: tuple[QuotaSeen, ...] = ()  # its usage windows, as its CLI told them
 
 
 class CommandAgent:
@@ -171,6 +173,7 @@ class CommandAgent:
         outcome.report = self.preset.report(outcome.stdout)
         end = RunEnd(outcome.stdout, stderr, outcome.exit_code, inv.now())
         outcome.limit = None if outcome.stopped else self.preset.limit(end)
+        outcome.quota = self.preset.quota(end)
         outcome.conversation = self.preset.conversation(end) if self.preset.resumes else None
         return outcome
 

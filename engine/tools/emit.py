@@ -16,7 +16,8 @@ TOPIC = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
 # what only the engine or a human says: an agent's event on one of these would speak as
 # ralph (a transition, a pause) or as a human (an answer, an approval)
 RESERVED_PREFIXES = ("session.", "engine.", "gate.", "fallback.", "signal.", "emit.", "cli.",
-                     "ralph.", "hook.", "approval.", "limit.", "diagnostics.", "git.")
+                     "ralph.", "hook.", "approval.", "limit.", "diagnostics.", "git.",
+                     "quota.")
 RESERVED = frozenset({"human.question", "human.response", "human.timeout", "task.resume",
                       "knowledge.promoted", "knowledge.refused"})
 MAX_EVENT_BYTES = 1 << 20   # session_store's outbox cap unless its header says otherwise

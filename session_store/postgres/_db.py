@@ -71,6 +71,13 @@ CREATE TABLE ralph_commits (
     token uuid PRIMARY KEY,
     result text,
     at timestamptz NOT NULL DEFAULT now());
+"""), (2, """
+CREATE TABLE ralph_quota (
+    account text NOT NULL,
+    window_name text NOT NULL,
+    seen_at timestamptz NOT NULL,
+    reading text NOT NULL,
+    PRIMARY KEY (account, window_name));
 """)]
 _MIGRATION_LOCK = 0x7261_6C70_6800   # "ralph" + 0: one migrator at a time
 

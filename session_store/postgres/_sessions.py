@@ -18,6 +18,7 @@ from .._ids import check_id, new_session_id
 from .._interface import Change
 from .._iteration import Iteration
 from .._metadata import GitInfo, Limits, SessionMetadata
+from .._quota import QuotaReading, check_account, parse_readings
 from .._places import StateDirInWorkspace, check_places, check_state_dir, make_control_root
 from .._schema import dump_plain, parse_yaml
 from .._session import SCRATCHPAD_FILE, Session
@@ -292,6 +293,27 @@ class PostgresSession(Session):
         if not isinstance(key, str) or not key:
             raise BadInput(f"once key {key!r}: expected a non-empty string")
         return self._append(topic, payload, source, ts, run, via, key) is not None
+
+    # --- its accounts' usage windows: one row a window, shared by the fleet ---
+
+    def quota(self, account: str) -> dict[str, QuotaReading]:
+        rows = self._db.read(lambda cur: cur.execute(
+            "SELECT window_name, reading FROM ralph_quota WHERE account = %s",
+            (check_account(account),)).fetchall())
+        return parse_readings(json.dumps({w: json.loads(r) for w, r in rows}))
+
+    def record_quota(self, account: str, reading: QuotaReading) -> bool:
+        text = json.dumps(unstructure(reading))
+
+        def upsert(cur):
+            # a newer reading wins, whichever engine commits last
+            cur.execute("INSERT INTO ralph_quota (account, window_name, seen_at, reading) "
+                        "VALUES (%s, %s, %s, %s) ON CONFLICT (account, window_name) DO "
+                        "UPDATE SET seen_at = excluded.seen_at, reading = excluded.reading "
+                        "WHERE ralph_quota.seen_at <= excluded.seen_at",
+                        (check_account(account), reading.window, reading.seen_at, text))
+            return cur.rowcount == 1
+        return self._db.write(upsert)
 
     def done(self, key: str) -> bool:
         return self._db.read(lambda cur: cur.execute(

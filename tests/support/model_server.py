@@ -150,6 +150,7 @@ class ModelServer:
         self.calls: list[str] = []     # every tool call it made: "shell" or "mcp:<tool>"
         self.refused = 0               # model requests answered with a usage limit
         self._limit: Limit | None = None
+        self._window: tuple[float, int] | None = None   # (utilization, reset): window()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         server = self
@@ -175,9 +176,9 @@ class ModelServer:
                     return self._json(*server._limit_answer(
                         path, reset, self.headers.get("authorization", "")))
                 if path.endswith("/messages"):
-                    return self._sse(server._anthropic(body))
+                    return self._sse(server._anthropic(body), server._window_headers())
                 if path.endswith("/responses"):
-                    return self._sse(server._openai(body))
+                    return self._sse(server._openai(body), server._codex_window_headers())
                 if path.endswith(":streamGenerateContent"):
                     return self._sse([(None, server._gemini(body))])
                 if path.endswith(":generateContent"):
@@ -199,13 +200,15 @@ class ModelServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _sse(self, events):
+            def _sse(self, events, headers=()):
                 raw = b"".join((f"event: {name}\n" if name else "").encode()
                                + f"data: {json.dumps(data)}\n\n".encode()
                                for name, data in events)
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
+                for name, value in headers:
+                    self.send_header(name, value)
                 self.send_header("content-length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
@@ -242,6 +245,40 @@ class ModelServer:
         daily quota, with no time: the CLI would retry a shorter delay itself."""
         with self._lock:
             self._limit = Limit(reset, requests)
+
+    def window(self, utilization: float, reset: int) -> None:
+        """Answer as a subscriber's account whose 5-hour window is `utilization` (0..1) used,
+        resetting at `reset` (epoch seconds): the `anthropic-ratelimit-unified-*` headers of
+        every answer, a warning past 0.9 (Claude Code then streams a rate_limit_event)."""
+        with self._lock:
+            self._window = (utilization, reset)
+
+    def _window_headers(self) -> list[tuple[str, str]]:
+        with self._lock:
+            if self._window is None:
+                return []
+            used, reset = self._window
+        status = "allowed_warning" if used >= 0.9 else "allowed"
+        return [("anthropic-ratelimit-unified-status", status),
+                ("anthropic-ratelimit-unified-reset", str(reset)),
+                ("anthropic-ratelimit-unified-representative-claim", "five_hour"),
+                ("anthropic-ratelimit-unified-5h-status", status),
+                ("anthropic-ratelimit-unified-5h-reset", str(reset)),
+                ("anthropic-ratelimit-unified-5h-utilization", str(used))] + (
+            [("anthropic-ratelimit-unified-5h-surpassed-threshold", "0.9")]
+            if used >= 0.9 else [])
+
+    def _codex_window_headers(self) -> list[tuple[str, str]]:
+        """The same window as OpenAI's answers say it to Codex (`x-codex-primary-*`: used
+        percent, window minutes, reset in epoch seconds)."""
+        with self._lock:
+            if self._window is None:
+                return []
+            used, reset = self._window
+        return [("x-codex-primary-used-percent", f"{used * 100:g}"),
+                ("x-codex-primary-window-minutes", "300"),
+                ("x-codex-primary-reset-at", str(reset)),
+                ("x-codex-primary-reset-after-seconds", str(max(0, reset - int(time.time()))))]
 
     def lift(self) -> None:
         """The limit is over: answer as the model again."""
