@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, State, Status, list_ids, load, progress,
+from session_store import (PauseKind, State, Status, load, progress,
                            unstructure)
 
 from .safe_text import author, clock, excerpt, field, printable
@@ -16,9 +16,38 @@ def _resume_command(meta, running: bool) -> str | None:
     if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
         return None
     base = f"ralph session resume {meta.session_id}"
+    held = limit_still_reached(meta)
+    if held is not None:   # the flag that lets it go on, and its least value
+        key, _, least = held
+        return base + f" --{key.replace('_', '-')} N (N {least})"
     if meta.orchestrator.state is State.PAUSED and meta.orchestrator.pause_kind is PauseKind.LIMIT:
         return base + " --max-iterations N (or --max-runtime S / --max-cost USD)"
     return base
+
+
+def limit_still_reached(meta, *, max_iterations=None, max_runtime=None,
+                        max_cost=None) -> tuple[str, str, str] | None:
+    """Why resuming a session paused by a limit, with these new limits (None: as it is),
+    would pause it again at once (exit 5, two more steps on its path): (the limit's key
+    as `resume` flags and the web's resume take it, what holds, the least value that lets
+    it go on); None when it would not pause."""
+    if meta.status is not Status.PAUSED or meta.orchestrator.pause_kind is not PauseKind.LIMIT:
+        return None
+    lim, used = meta.limits, meta.usage
+    most = max_iterations or lim.max_iterations
+    if meta.iteration > most:
+        return ("max_iterations", f"max_iterations is {most} and the session stands at "
+                                  f"iteration {meta.iteration}", f"at least {meta.iteration}")
+    runtime = max_runtime or lim.max_runtime_seconds
+    if used.runtime_seconds >= runtime:
+        return ("max_runtime", f"max_runtime_seconds is {runtime:g} and the session has run "
+                               f"{used.runtime_seconds:.0f}s",
+                f"above {used.runtime_seconds:.0f}")
+    cost = max_cost or lim.max_cost_usd
+    if cost is not None and used.cost_usd >= cost:
+        return ("max_cost", f"max_cost_usd is {cost:g} and the session has cost "
+                            f"${used.cost_usd:.2f}", f"above {used.cost_usd:.2f}")
+    return None
 
 
 def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict:
@@ -250,10 +279,14 @@ def status_text(v: dict) -> str:
                      + (f"; triggers: {printable('; '.join(a['triggers']))}"
                         if a["triggers"] else ""))
     u, lim = v["usage"], v["limits"]
-    lines.append(f"usage: {u['agent_invocations']} agent runs, {u['runtime_seconds']:.0f}s of "
+    runs, most = u["agent_invocations"], lim["max_iterations"]
+    # a session paused at its max_iterations stands at the next one, not yet run
+    iterations = f"{most} of {most} iterations run (the limit)" if v["iteration"] > most \
+        else f"iteration {v['iteration']} of {most}"
+    lines.append(f"usage: {runs} agent run{'s' * (runs != 1)}, {u['runtime_seconds']:.0f}s of "
                  f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"
                  + (f" of ${lim['max_cost_usd']:.2f}" if lim["max_cost_usd"] is not None else "")
-                 + f", iteration {v['iteration']} of {lim['max_iterations']}")
+                 + f", {iterations}")
     if u["input_tokens"] or u["output_tokens"]:
         lines.append("tokens (in/out): " + ", ".join(
             [f"{u['input_tokens']:,}/{u['output_tokens']:,}"]
@@ -275,79 +308,6 @@ def _asker(q: dict) -> str:
     if not q["role"]:
         return "from ralph"
     return f"from the {field(q['role'])}" + (f" on {field(q['task'])}" if q["task"] else "")
-
-
-def list_views(workspace: str) -> list[dict]:
-    now = datetime.now(timezone.utc)
-    views = []
-    for sid in list_ids(workspace):
-        try:
-            session = load(workspace, sid)
-        except BadInput as e:
-            views.append({"session_id": sid, "error": str(e)})
-            continue
-        m = session.metadata
-        previous = m.orchestrator.previous_state
-        pid = session.running_pid()
-        status, reason = _standing_on_disk(session, pid)
-        views.append({
-            "session_id": sid, "state": m.orchestrator.state.value, "status": status,
-            "previous_state": previous.value if previous else None,
-            "running": pid is not None, "engine_stopped": engine_stopped(session, pid),
-            "iteration": m.iteration, "pause_reason": reason, **_limit_view(m),
-            "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
-            "updated_at": m.updated_at.isoformat(),
-            "age_seconds": round((now - m.updated_at).total_seconds()),
-            "objective": m.objective.splitlines()[0] if m.objective else "",
-            **_human_wait(session, now), **_place(session)})
-    # who waits on a human first (longest wait first), then paused ones, then the rest;
-    # newest first within each group
-    views.sort(key=lambda v: (not v.get("questions_pending"),
-                              -(v.get("oldest_question_age_seconds") or 0),
-                              v.get("status") != "paused", v.get("age_seconds", 0)))
-    return views
-
-
-def _human_wait(session, now: datetime) -> dict:
-    """How many questions wait on a human, and since when the oldest has waited."""
-    pending = session.questions.pending()
-    oldest = min((q.asked_at for q in pending), default=None)
-    return {"questions_pending": len(pending),
-            "oldest_question_asked_at": oldest.isoformat() if oldest else None,
-            "oldest_question_age_seconds":
-                round((now - oldest).total_seconds()) if oldest else None}
-
-
-def _waiting_text(v: dict) -> str:
-    """"2 questions waiting, the oldest for 5m" ('' when none waits)."""
-    n = v.get("questions_pending")
-    if not n:
-        return ""
-    return (f"{n} question{'s' if n > 1 else ''} waiting, the oldest for "
-            f"{_age(v['oldest_question_age_seconds'])}")
-
-
-def list_text(views: list[dict]) -> str:
-    if not views:
-        return "no sessions"
-    lines = []
-    for v in views:
-        if "error" in v:
-            lines.append(f"{v['session_id']}  unreadable: {printable(v['error'])}")
-            continue
-        status, _, state = standing(v).partition(" in ")
-        state = state or v["state"]
-        run = " stopped" if v.get("engine_stopped") else " running" if v["running"] else ""
-        lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
-                     f"{_age(v['age_seconds']):>6}{run}"
-                     + (f"  {field(v['machine'])}:{field(v['workspace'])}"
-                        if v.get("machine") else "")
-                     + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
-                     + (f"  — {printable(v['waiting'])}" if v["waiting"] else "")
-                     + (f"  — {_waiting_text(v)}" if v["questions_pending"] else "")
-                     + (f"  — resume: ralph session resume {v['session_id']}"
-                        if status == "interrupted" else ""))
-    return "\n".join(lines)
 
 
 def _age(seconds: int) -> str:

@@ -417,7 +417,7 @@ def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     # what lands whole afterwards is taken, once
     r = ralph(ws, "signal", "info", "a whole signal", "--session", SID)
     assert r.returncode == 0, r.stderr
-    whole_signal = r.stdout.strip()
+    whole_signal = r.stdout.rsplit("(signal file ", 1)[1].strip().rstrip(")")
     r = ralph(ws, "session", "answer", SID, "sqlite")
     assert r.returncode == 0, r.stderr
     r = ralph(ws, "session", "answer", SID, "postgres", "--question", qid)

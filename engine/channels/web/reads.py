@@ -12,7 +12,8 @@ import math
 from session_store import BadInput, Session, check_id, load
 
 from ...diagram import INSTALL_HINT, render, session_path
-from ...views import list_views, session_view
+from ...session_list import list_views
+from ...views import session_view
 
 LOG_TAIL = 256 * 1024        # bytes of an agent log a page shows (the end of it)
 SCRATCHPAD_TAIL = 64 * 1024  # characters of the scratchpad a page shows (the end of it)
