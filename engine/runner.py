@@ -53,6 +53,7 @@ class RunResult:
     emitted: list[dict]        # as the agent emitted them
     judged: list[dict]         # as the gates took them
     outcome: Outcome
+    log: str = ""              # its stderr log (the work area's logs/)
 
 
 Observer = Callable[[RunResult], "Next | None"]
@@ -156,6 +157,7 @@ class AgentRunner:
         self.mailbox.delivered(prepared.guidance_ids, prepared.unit)
         result = self._collect(role, task, outcome,
                                prepared.invocation.env[containment.RUN_MARK])
+        result.log = prepared.invocation.log_base + ".stderr"
         decision = next((d for observe in self.observers if (d := observe(result))), None)
         if decision is not None:
             return decision

@@ -11,6 +11,22 @@ from session_store import (PauseKind, State, Status, load, progress,
 from .safe_text import author, clock, excerpt, field, printable
 
 
+MAX_STDERR_TAIL = 300   # characters of a failed run's last stderr line kept and shown
+
+
+def failed_run_text(f: dict) -> str:
+    """A failed agent run in one escaped line: whose, how it ended, its last stderr line
+    (the agent's words), where its log is."""
+    who = f"the {field(f['role'])}" + (f" on {field(f['task'])}" if f["task"] else "")
+    ended = "timed out" if f["timed_out"] else \
+        f"exited with code {f['exit_code']}" if f["exit_code"] is not None else \
+        "ended without an exit code"
+    said = f"its last stderr line: {printable(f['stderr_tail'])}" if f["stderr_tail"] \
+        else "it wrote nothing on stderr"
+    return (f"{who} (iteration {f['iteration']}) {ended}; {said}; its log: "
+            f"{printable(f['log'])}")
+
+
 def _resume_command(meta, running: bool) -> str | None:
     """For a paused session, or an interrupted one (active, but no engine holds it)."""
     if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
@@ -88,6 +104,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
         "git": unstructure(m.git) if m.git else None,
+        "last_failure": unstructure(m.last_failure) if m.last_failure else None,
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
@@ -230,8 +247,9 @@ def standing(v: dict) -> str:
 
 def status_text(v: dict) -> str:
     """The status view as text. Every string from the session (the objective, reasons,
-    questions, task titles and notes, events) is shown as one escaped line: what an
-    agent wrote can neither drive the terminal nor start a line of its own."""
+    questions, task titles and notes, events) is shown escaped, as one line (a question's
+    further lines indented under it): what an agent wrote can neither drive the terminal
+    nor start a line of its own."""
     lines = [f"session {v['session_id']}: {standing(v)}"
              f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
              f"objective: {printable(v['objective'].splitlines()[0]) if v['objective'] else ''}",
@@ -260,12 +278,17 @@ def status_text(v: dict) -> str:
                      f"{' ' + field(w['task']) if w['task'] else ''} is retried then ("
                      + (f"to retry sooner, pause it, then: {now}" if v["running"] else
                         f"to retry at once: {now}") + f"); it said: {printable(w['text'])}")
+    if v["last_failure"]:
+        lines.append(f"last failed run: {failed_run_text(v['last_failure'])}")
     if v["resume_command"]:
         lines.append(f"resume: {v['resume_command']}")
     for q in v["pending_questions"]:
+        # several lines: each escaped and indented under the question's own line
+        first, *rest = q["text"].split("\n")
         lines.append(f"question {q['id']} ({_asker(q)}, asked {_age(q['age_seconds'])} ago, "
                      f"deadline {q['deadline'][:19]}, on timeout: {field(q['on_timeout'])}): "
-                     f"{printable(q['text'])}")
+                     f"{printable(first)}")
+        lines += [f"    {printable(line)}".rstrip() for line in rest]
         if q["options"]:
             lines.append("  options: " + "  ".join(f"{i}. {printable(o)}" for i, o in
                                                    enumerate(q["options"], 1)))

@@ -32,7 +32,7 @@ _WHERE = {
     "PlannedTask": "_metadata", "LastTransitionRecord": "_metadata", "Rejection": "_metadata",
     "Assessment": "_metadata", "Limits": "_metadata", "Observations": "_metadata",
     "TaskCounts": "_progress", "LimitWait": "_metadata", "GitInfo": "_metadata",
-    "InterruptedRun": "_metadata",
+    "InterruptedRun": "_metadata", "FailedRun": "_metadata",
     "keep_bounded": "_runlog", "MAX_LOG_BYTES": "_runlog",
     "write_atomic": "_atomic", "make_dirs": "_atomic", "read_nofollow": "_atomic",
     "parse_yaml": "_schema", "dump_yaml": "_schema", "dump_plain": "_schema", "shown": "_schema",
