@@ -223,10 +223,6 @@ def cmd_resume(args) -> int:
         config = cfg.load_session_config(session)
         return _run(session, config, *_sandbox(config, args, ws, session.metadata.config_path),
                     resume=True)
-    config = cfg.load_session_config(session)
-    check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
-    cfg.check_paths(config, ws, session.metadata.config_path)
-    _preflight(config)
     from ..views import limit_still_reached
     if held := limit_still_reached(session.metadata, max_iterations=args.max_iterations,
                                    max_runtime=args.max_runtime, max_cost=args.max_cost):
@@ -234,6 +230,10 @@ def cmd_resume(args) -> int:
         raise bad(f"session {session.id} paused at its limit and would pause again at once "
                   f"({why}): resume it with a higher limit: ralph session resume {session.id} "
                   f"--{key.replace('_', '-')} N (N {least})")
+    config = cfg.load_session_config(session)
+    check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
+    cfg.check_paths(config, ws, session.metadata.config_path)
+    _preflight(config)
     sandbox, confinement = _sandbox(config, args, ws, session.metadata.config_path)
     _apply_limit_flags(session.metadata.limits, args)
     return _run(session, config, sandbox, confinement, resume=True, message=args.message,
