@@ -109,9 +109,12 @@ def test_hints_carry_the_syntax_each_command_takes(workspace):
     r = ralph(workspace, "session", "resume")
     assert r.returncode == 2 and r.stderr.rstrip().endswith(
         "name one: ralph session resume ID"), r.stderr
-    r = ralph(workspace, "signal", "pause", "lunch")
+    r = ralph(workspace, "signal", "steer", "use sqlite")
     assert r.returncode == 2 and r.stderr.rstrip().endswith(
-        "name one: ralph signal pause MESSAGE --session ID"), r.stderr
+        "name one: ralph signal steer MESSAGE --session ID"), r.stderr
+    r = ralph(workspace, "signal", "pause")   # the message is optional but for steer, info
+    assert r.returncode == 2 and r.stderr.rstrip().endswith(
+        "name one: ralph signal pause --session ID"), r.stderr
 
 
 def test_an_unknown_session_names_the_nearest(workspace):

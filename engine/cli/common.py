@@ -79,7 +79,7 @@ def _command_words(args) -> str:
         words.append(word)
         key = f"{word}_command"
     if words == ["signal"]:
-        words += [args.type, "MESSAGE"]
+        words += [args.type] + (["MESSAGE"] if args.type in ("steer", "info") else [])
     return " ".join(words)
 
 

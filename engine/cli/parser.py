@@ -262,7 +262,8 @@ def _signal(p) -> None:
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
                    type=str.lower, metavar="TYPE",
                    help="steer | info | pause | abort | approve | skip")
-    p.add_argument("message", metavar="MESSAGE", help="what the session is told")
+    p.add_argument("message", metavar="MESSAGE", nargs="?", default="",
+                   help="what the session is told (steer and info need one)")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.add_argument("--target", default="ALL",
                    help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")

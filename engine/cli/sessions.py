@@ -163,7 +163,7 @@ def cmd_clean(args) -> int:
     human_only("session clean")
     session, repo, info = _session_branch(args)
     if session.running_pid() is not None:
-        raise bad(f"session {session.id} is running: stop it (ralph signal pause) before "
+        raise bad(f"session {session.id} is running: stop it (ralph signal pause --session {session.id}) before "
                   f"removing its branch")
     from session_store import worktree_root
     lanes = _git(repo.clear_lanes, session.id, worktree_root(session.workspace, session.id))

@@ -16,6 +16,9 @@ def cmd_signal(args) -> int:
     human_only("signal")
     if args.priority and args.type != "steer":
         raise bad("--priority is for steer signals only")
+    if args.type in ("steer", "info") and not args.message.strip():
+        raise bad(f"{args.type}: MESSAGE: expected what the session is told: "
+                  f"ralph signal {args.type} \"MESSAGE\"")
     session = open_session(args)
     name = session.signals.drop(args.type.upper(), args.message, now=SystemClock().now(),
                                 target=args.target, iteration=args.iteration,
