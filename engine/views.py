@@ -88,6 +88,9 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         **_limit_view(m),
         "resume_command": _resume_command(m, pid is not None),
+        # paused by a limit that still holds: the one a resume must raise (the page asks)
+        "limit_to_raise": dict(zip(("limit", "why", "least"), held))
+        if (held := limit_still_reached(m)) else None,
         "tasks": unstructure(_live_counts(current, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note}

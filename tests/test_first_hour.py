@@ -158,6 +158,8 @@ def test_resume_of_a_session_whose_limit_still_holds_is_refused(workspace):
     status = ralph(workspace, "session", "status", "lim").stdout
     assert "resume: ralph session resume lim --max-iterations N (N at least 2)" in status
     assert "1 of 1 iterations run (the limit)" in status and "iteration 2 of 1" not in status
+    view = json.loads(ralph(workspace, "session", "status", "lim", "--json").stdout)
+    assert view["limit_to_raise"]["limit"] == "max_iterations", view["limit_to_raise"]
 
 
 def test_the_pages_resume_asks_for_the_new_limit(workspace, web):

@@ -623,7 +623,7 @@ def test_signal_cli_refusals(workspace):
     r = ralph(ws, "signal", "STEER", "hello", "--session", "s2", "--target", "ralph-executor")
     assert r.returncode == 0, r.stderr
     [name] = signal_files(session_dir(ws, "s2"), "inputs")
-    assert r.stdout.strip() == name
+    assert r.stdout.rstrip().endswith(f"(signal file {name})"), r.stdout
     assert re.fullmatch(r"signal\.\d{6}-\d{6}-\d{3}-[0-9a-f]+\.yaml", name)
     doc = signal_files(session_dir(ws, "s2"), "inputs")[name]
     assert doc == {"type": "STEER", "target": "Executor", "message": "hello"}

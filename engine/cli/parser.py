@@ -16,7 +16,8 @@ EXIT_CODES = """exit codes:
   0    completed (also when some tasks ended [F]); any other command: done
   1    internal error
   2    bad input or refused (usage, config, unknown session, a session locked by a
-       running engine, resume of a finished session, a question already answered)
+       running engine, resume of a finished session or of one whose limit still holds,
+       a question already answered)
   3    paused (resumable)
   4    aborted
   5    paused by a limit (resume with a higher --max-iterations, --max-runtime or --max-cost)
