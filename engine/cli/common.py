@@ -9,13 +9,15 @@ SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only ope
 
 
 def workspace(args) -> str:
-    """--workspace, else $RALPH_WORKSPACE, else the current directory; one that is not a
-    directory (a typo) is refused, not taken for a workspace without sessions."""
+    """--workspace, else $RALPH_WORKSPACE, else the current directory. One that is not a
+    directory (a typo) is refused, not taken for a workspace without sessions, but by the
+    commands that make it (`session start`, `init`: `new_workspace`)."""
     given = getattr(args, "workspace", None)
     path = given or os.environ.get("RALPH_WORKSPACE")
     if not path:
         return os.getcwd()
-    if not os.path.isdir(path):
+    if not os.path.isdir(path) and not (getattr(args, "new_workspace", False)
+                                        and not os.path.exists(path)):
         raise bad(f"{'--workspace' if given else '$RALPH_WORKSPACE'} {path}: "
                   f"{'not a directory' if os.path.exists(path) else 'no such directory'}")
     return os.path.abspath(path)

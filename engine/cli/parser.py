@@ -150,7 +150,7 @@ def _init(p) -> None:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write it (default: the workspace's ralph.yml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p.set_defaults(handler=workspace_cmds.cmd_init, one_shot=True)
+    p.set_defaults(handler=workspace_cmds.cmd_init, one_shot=True, new_workspace=True)
 
 
 def _validate(p) -> None:
@@ -172,7 +172,7 @@ def _session_start(p) -> None:
                         "without it, such a config is refused (at a terminal: asked)")
     _limit_flags(p)
     _sandbox_flag(p)
-    p.set_defaults(handler=sessions.cmd_start)
+    p.set_defaults(handler=sessions.cmd_start, new_workspace=True)   # made if need be
 
 
 def _session_resume(p) -> None:
