@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from session_store import BadInput, list_ids, load, unstructure
 
 from .safe_text import field, printable
-from .views import _age, _limit_view, _place, _standing_on_disk, engine_stopped, standing
+from .views import age_text, engine_stopped, limit_view, place_view, standing, standing_on_disk
 
 
 def list_views(workspace: str) -> list[dict]:
@@ -22,17 +22,17 @@ def list_views(workspace: str) -> list[dict]:
         m = session.metadata
         previous = m.orchestrator.previous_state
         pid = session.running_pid()
-        status, reason = _standing_on_disk(session, pid)
+        status, reason = standing_on_disk(session, pid)
         views.append({
             "session_id": sid, "state": m.orchestrator.state.value, "status": status,
             "previous_state": previous.value if previous else None,
             "running": pid is not None, "engine_stopped": engine_stopped(session, pid),
-            "iteration": m.iteration, "pause_reason": reason, **_limit_view(m),
+            "iteration": m.iteration, "pause_reason": reason, **limit_view(m),
             "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
             "objective": m.objective.splitlines()[0] if m.objective else "",
-            **_human_wait(session, now), **_place(session)})
+            **_human_wait(session, now), **place_view(session)})
     # who waits on a human first (longest wait first), then paused ones, then the rest;
     # newest first within each group
     views.sort(key=lambda v: (not v.get("questions_pending"),
@@ -57,7 +57,7 @@ def _waiting_text(v: dict) -> str:
     if not n:
         return ""
     return (f"{n} question{'s' if n > 1 else ''} waiting, the oldest for "
-            f"{_age(v['oldest_question_age_seconds'])}")
+            f"{age_text(v['oldest_question_age_seconds'])}")
 
 
 def list_text(views: list[dict]) -> str:
@@ -82,6 +82,6 @@ def list_text(views: list[dict]) -> str:
             f"resume: ralph session resume {v['session_id']}" if status == "interrupted"
             else "") if note]
         lines.append(f"{v['session_id']:<{width}}  {status:<11} {state:<18} "
-                     f"{v['iteration']:>4} {_age(v['age_seconds']):>6}  {'; '.join(notes)}"
+                     f"{v['iteration']:>4} {age_text(v['age_seconds']):>6}  {'; '.join(notes)}"
                      .rstrip())
     return "\n".join(lines)

@@ -72,7 +72,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     it = session.iteration()
     current = it.load() if it.exists() else None
     pid = session.running_pid()
-    status, reason = _standing_on_disk(session, pid)
+    status, reason = standing_on_disk(session, pid)
     return {
         "session_id": m.session_id,
         "objective": m.objective,
@@ -86,7 +86,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "batch": m.batch,
         "pause_reason": reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
-        **_limit_view(m),
+        **limit_view(m),
         "resume_command": _resume_command(m, pid is not None),
         # paused by a limit that still holds: the one a resume must raise (the page asks)
         "limit_to_raise": dict(zip(("limit", "why", "least"), held))
@@ -111,12 +111,12 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
-        **_place(session),
+        **place_view(session),
         "last_events": session.tail(last_events),
     }
 
 
-def _limit_view(m) -> dict:
+def limit_view(m) -> dict:
     """The wait for an agent's usage limit, in words ("waiting for claude's usage limit
     until 05:00 UTC (2h 13m)") and as data."""
     w = m.limit_wait
@@ -149,7 +149,7 @@ def _span(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def _place(session) -> dict:
+def place_view(session) -> dict:
     """Where a fleet's session runs (its machine and workspace); nothing on the file
     store, whose sessions are all this workspace's."""
     if session.machine is None:
@@ -168,7 +168,7 @@ def engine_stopped(session, pid: int | None) -> bool:
     return state is not None and state[0] in ("T", "t")
 
 
-def _standing_on_disk(session, pid) -> tuple[str, str | None]:
+def standing_on_disk(session, pid) -> tuple[str, str | None]:
     """(status, pause reason): an engine that stopped because its disk refused a write
     left the session paused for that reason (until a resume clears it), also when it was
     resuming a paused session and stopped before it could say so."""
@@ -288,7 +288,7 @@ def status_text(v: dict) -> str:
     for q in v["pending_questions"]:
         # several lines: each escaped and indented under the question's own line
         first, *rest = q["text"].split("\n")
-        lines.append(f"question {q['id']} ({_asker(q)}, asked {_age(q['age_seconds'])} ago, "
+        lines.append(f"question {q['id']} ({_asker(q)}, asked {age_text(q['age_seconds'])} ago, "
                      f"deadline {q['deadline'][:19]}, on timeout: {field(q['on_timeout'])}): "
                      f"{printable(first)}")
         lines += [f"    {printable(line)}".rstrip() for line in rest]
@@ -336,7 +336,7 @@ def _asker(q: dict) -> str:
     return f"from the {field(q['role'])}" + (f" on {field(q['task'])}" if q["task"] else "")
 
 
-def _age(seconds: int) -> str:
+def age_text(seconds: int) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"
