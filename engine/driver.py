@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import sys
 
-from session_store import (BadInput, DiskFault, PauseKind, Session, State, Status,
-                           StoreUnreachable)
+from session_store import (BadInput, DiskFault, FailedRun, PauseKind, Session, State,
+                           Status, StoreUnreachable, unstructure)
 from states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
@@ -47,6 +47,7 @@ from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode
 from .runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
+from .views import MAX_STDERR_TAIL, failed_run_text
 from .parallel import ParallelBatch
 from .workspace_git import TaskCommits, WorkspaceGit
 
@@ -350,9 +351,24 @@ class Engine:
         run (the hold before every run waits for the answer), not only at a transition."""
         o = result.outcome
         unit = f"{self.metadata.iteration}/{result.role}/{result.task.id if result.task else ''}"
+        self._record_failure(result, unit)
         if self.assessor.observe_run(unit, result.emitted, result.judged, o.exit_code,
                                      o.timed_out):
             self.assessor.check()
+
+    def _record_failure(self, result: RunResult, unit: str) -> None:
+        """A run that failed (a non-zero exit, a timeout) is said at once, with its exit
+        code, its last stderr line and its log, and kept for `status`, the page and the
+        fallback question; a run of the same step that ends well clears it."""
+        o = result.outcome
+        if o.exit_code or o.timed_out:
+            failed = FailedRun(result.role, result.task.id if result.task else None,
+                               self.metadata.iteration, o.exit_code, o.timed_out,
+                               o.stderr_tail[:MAX_STDERR_TAIL], result.log, self.clock.now())
+            self.tracker.set_failed_run(failed)
+            self.say(failed_run_text(unstructure(failed)))
+        elif self.metadata.last_failure is not None and self.metadata.last_failure.unit == unit:
+            self.tracker.set_failed_run(None)
 
     def _assess(self, nxt: Next) -> Next | None:
         decision = self.assessor.check(nxt)

@@ -54,6 +54,7 @@ class RunResult:
     emitted: list[dict]        # as the agent emitted them
     judged: list[dict]         # as the gates took them
     outcome: Outcome
+    log: str = ""              # its stderr log (the work area's logs/)
 
 
 Observer = Callable[[RunResult], "Next | None"]
@@ -161,6 +162,7 @@ class AgentRunner:
         result = self._collect(role, task, outcome,
                                prepared.invocation.env[containment.RUN_MARK])
         self._observe_quota(role, task, prepared, outcome)   # after its events are read
+        result.log = prepared.invocation.log_base + ".stderr"
         decision = next((d for observe in self.observers if (d := observe(result))), None)
         if decision is not None:
             return decision

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from session_store import (Attempt, InterruptedRun, Iteration, IterationMetadata,
+from session_store import (Attempt, FailedRun, InterruptedRun, Iteration, IterationMetadata,
                            LastTransitionRecord, LimitWait, PauseKind, PlannedTask, Rejection,
                            Session, State, Status, progress)
 
@@ -128,6 +128,13 @@ class Tracker:
         """The conversation a run cut short left (a limit, a pause), for its step's next
         run; saved with the next commit point."""
         self.metadata.interrupted = run
+
+    def set_failed_run(self, failed: FailedRun | None) -> None:
+        """The last failed agent run (None: its step has since run well); saved at once, so
+        `status` and the page say why while the session goes on."""
+        if failed != self.metadata.last_failure:
+            self.metadata.last_failure = failed
+            self.save()
 
     def _count_tasks(self) -> None:
         _, meta = self._current

@@ -5,11 +5,27 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from session_store import (BadInput, PauseKind, State, Status, list_ids, load, progress,
+from session_store import (PauseKind, State, Status, load, progress,
                            unstructure)
 
 from .quota_view import at_utc, quota_lines, quota_view, window_name
 from .safe_text import author, clock, excerpt, field, printable
+
+
+MAX_STDERR_TAIL = 300   # characters of a failed run's last stderr line kept and shown
+
+
+def failed_run_text(f: dict) -> str:
+    """A failed agent run in one escaped line: whose, how it ended, its last stderr line
+    (the agent's words), where its log is."""
+    who = f"the {field(f['role'])}" + (f" on {field(f['task'])}" if f["task"] else "")
+    ended = "timed out" if f["timed_out"] else \
+        f"exited with code {f['exit_code']}" if f["exit_code"] is not None else \
+        "ended without an exit code"
+    said = f"its last stderr line: {printable(f['stderr_tail'])}" if f["stderr_tail"] \
+        else "it wrote nothing on stderr"
+    return (f"{who} (iteration {f['iteration']}) {ended}; {said}; its log: "
+            f"{printable(f['log'])}")
 
 
 def _resume_command(meta, running: bool) -> str | None:
@@ -17,9 +33,38 @@ def _resume_command(meta, running: bool) -> str | None:
     if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
         return None
     base = f"ralph session resume {meta.session_id}"
+    held = limit_still_reached(meta)
+    if held is not None:   # the flag that lets it go on, and its least value
+        key, _, least = held
+        return base + f" --{key.replace('_', '-')} N (N {least})"
     if meta.orchestrator.state is State.PAUSED and meta.orchestrator.pause_kind is PauseKind.LIMIT:
         return base + " --max-iterations N (or --max-runtime S / --max-cost USD)"
     return base
+
+
+def limit_still_reached(meta, *, max_iterations=None, max_runtime=None,
+                        max_cost=None) -> tuple[str, str, str] | None:
+    """Why resuming a session paused by a limit, with these new limits (None: as it is),
+    would pause it again at once (exit 5, two more steps on its path): (the limit's key
+    as `resume` flags and the web's resume take it, what holds, the least value that lets
+    it go on); None when it would not pause."""
+    if meta.status is not Status.PAUSED or meta.orchestrator.pause_kind is not PauseKind.LIMIT:
+        return None
+    lim, used = meta.limits, meta.usage
+    most = max_iterations or lim.max_iterations
+    if meta.iteration > most:
+        return ("max_iterations", f"max_iterations is {most} and the session stands at "
+                                  f"iteration {meta.iteration}", f"at least {meta.iteration}")
+    runtime = max_runtime or lim.max_runtime_seconds
+    if used.runtime_seconds >= runtime:
+        return ("max_runtime", f"max_runtime_seconds is {runtime:g} and the session has run "
+                               f"{used.runtime_seconds:.0f}s",
+                f"above {used.runtime_seconds:.0f}")
+    cost = max_cost or lim.max_cost_usd
+    if cost is not None and used.cost_usd >= cost:
+        return ("max_cost", f"max_cost_usd is {cost:g} and the session has cost "
+                            f"${used.cost_usd:.2f}", f"above {used.cost_usd:.2f}")
+    return None
 
 
 def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict:
@@ -28,7 +73,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
     it = session.iteration()
     current = it.load() if it.exists() else None
     pid = session.running_pid()
-    status, reason = _standing_on_disk(session, pid)
+    status, reason = standing_on_disk(session, pid)
     return {
         "session_id": m.session_id,
         "objective": m.objective,
@@ -42,8 +87,11 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "batch": m.batch,
         "pause_reason": reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
-        **_limit_view(m),
+        **limit_view(m),
         "resume_command": _resume_command(m, pid is not None),
+        # paused by a limit that still holds: the one a resume must raise (the page asks)
+        "limit_to_raise": dict(zip(("limit", "why", "least"), held))
+        if (held := limit_still_reached(m)) else None,
         "tasks": unstructure(_live_counts(current, m)),
         "current_tasks": [{"id": t.id, "title": t.title, "batch": t.batch,
                            "marker": t.marker, "note": t.note}
@@ -61,15 +109,16 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "updated_at": m.updated_at.isoformat(),
         "completed_at": m.completed_at.isoformat() if m.completed_at else None,
         "git": unstructure(m.git) if m.git else None,
+        "last_failure": unstructure(m.last_failure) if m.last_failure else None,
         # the control plane (out of agents' reach) and the agents' work area
         "control_dir": session.dir,
         "work_dir": session.work_dir,
-        **_place(session),
+        **place_view(session),
         "last_events": session.tail(last_events),
     }
 
 
-def _limit_view(m) -> dict:
+def limit_view(m) -> dict:
     """The wait for an agent's usage limit, in words ("waiting for claude's usage limit
     until 05:00 UTC (2h 13m)") and as data."""
     w = m.limit_wait
@@ -100,7 +149,7 @@ def _span(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def _place(session) -> dict:
+def place_view(session) -> dict:
     """Where a fleet's session runs (its machine and workspace); nothing on the file
     store, whose sessions are all this workspace's."""
     if session.machine is None:
@@ -119,7 +168,7 @@ def engine_stopped(session, pid: int | None) -> bool:
     return state is not None and state[0] in ("T", "t")
 
 
-def _standing_on_disk(session, pid) -> tuple[str, str | None]:
+def standing_on_disk(session, pid) -> tuple[str, str | None]:
     """(status, pause reason): an engine that stopped because its disk refused a write
     left the session paused for that reason (until a resume clears it), also when it was
     resuming a paused session and stopped before it could say so."""
@@ -201,8 +250,9 @@ def standing(v: dict) -> str:
 
 def status_text(v: dict) -> str:
     """The status view as text. Every string from the session (the objective, reasons,
-    questions, task titles and notes, events) is shown as one escaped line: what an
-    agent wrote can neither drive the terminal nor start a line of its own."""
+    questions, task titles and notes, events) is shown escaped, as one line (a question's
+    further lines indented under it): what an agent wrote can neither drive the terminal
+    nor start a line of its own."""
     lines = [f"session {v['session_id']}: {standing(v)}"
              f" ({'engine running, pid ' + str(v['engine_pid']) if v['running'] else 'no engine running'})",
              f"objective: {printable(v['objective'].splitlines()[0]) if v['objective'] else ''}",
@@ -231,12 +281,17 @@ def status_text(v: dict) -> str:
                      f"{' ' + field(w['task']) if w['task'] else ''} is retried then ("
                      + (f"to retry sooner, pause it, then: {now}" if v["running"] else
                         f"to retry at once: {now}") + f"); it said: {printable(w['text'])}")
+    if v["last_failure"]:
+        lines.append(f"last failed run: {failed_run_text(v['last_failure'])}")
     if v["resume_command"]:
         lines.append(f"resume: {v['resume_command']}")
     for q in v["pending_questions"]:
-        lines.append(f"question {q['id']} ({_asker(q)}, asked {_age(q['age_seconds'])} ago, "
+        # several lines: each escaped and indented under the question's own line
+        first, *rest = q["text"].split("\n")
+        lines.append(f"question {q['id']} ({_asker(q)}, asked {age_text(q['age_seconds'])} ago, "
                      f"deadline {q['deadline'][:19]}, on timeout: {field(q['on_timeout'])}): "
-                     f"{printable(q['text'])}")
+                     f"{printable(first)}")
+        lines += [f"    {printable(line)}".rstrip() for line in rest]
         if q["options"]:
             lines.append("  options: " + "  ".join(f"{i}. {printable(o)}" for i, o in
                                                    enumerate(q["options"], 1)))
@@ -250,10 +305,14 @@ def status_text(v: dict) -> str:
                      + (f"; triggers: {printable('; '.join(a['triggers']))}"
                         if a["triggers"] else ""))
     u, lim = v["usage"], v["limits"]
-    lines.append(f"usage: {u['agent_invocations']} agent runs, {u['runtime_seconds']:.0f}s of "
+    runs, most = u["agent_invocations"], lim["max_iterations"]
+    # a session paused at its max_iterations stands at the next one, not yet run
+    iterations = f"{most} of {most} iterations run (the limit)" if v["iteration"] > most \
+        else f"iteration {v['iteration']} of {most}"
+    lines.append(f"usage: {runs} agent run{'s' * (runs != 1)}, {u['runtime_seconds']:.0f}s of "
                  f"{lim['max_runtime_seconds']:.0f}s, ${u['cost_usd']:.2f}"
                  + (f" of ${lim['max_cost_usd']:.2f}" if lim["max_cost_usd"] is not None else "")
-                 + f", iteration {v['iteration']} of {lim['max_iterations']}")
+                 + f", {iterations}")
     if u["input_tokens"] or u["output_tokens"]:
         lines.append("tokens (in/out): " + ", ".join(
             [f"{u['input_tokens']:,}/{u['output_tokens']:,}"]
@@ -278,80 +337,7 @@ def _asker(q: dict) -> str:
     return f"from the {field(q['role'])}" + (f" on {field(q['task'])}" if q["task"] else "")
 
 
-def list_views(workspace: str) -> list[dict]:
-    now = datetime.now(timezone.utc)
-    views = []
-    for sid in list_ids(workspace):
-        try:
-            session = load(workspace, sid)
-        except BadInput as e:
-            views.append({"session_id": sid, "error": str(e)})
-            continue
-        m = session.metadata
-        previous = m.orchestrator.previous_state
-        pid = session.running_pid()
-        status, reason = _standing_on_disk(session, pid)
-        views.append({
-            "session_id": sid, "state": m.orchestrator.state.value, "status": status,
-            "previous_state": previous.value if previous else None,
-            "running": pid is not None, "engine_stopped": engine_stopped(session, pid),
-            "iteration": m.iteration, "pause_reason": reason, **_limit_view(m),
-            "tasks": unstructure(m.tasks), "usage": unstructure(m.usage),
-            "updated_at": m.updated_at.isoformat(),
-            "age_seconds": round((now - m.updated_at).total_seconds()),
-            "objective": m.objective.splitlines()[0] if m.objective else "",
-            **_human_wait(session, now), **_place(session)})
-    # who waits on a human first (longest wait first), then paused ones, then the rest;
-    # newest first within each group
-    views.sort(key=lambda v: (not v.get("questions_pending"),
-                              -(v.get("oldest_question_age_seconds") or 0),
-                              v.get("status") != "paused", v.get("age_seconds", 0)))
-    return views
-
-
-def _human_wait(session, now: datetime) -> dict:
-    """How many questions wait on a human, and since when the oldest has waited."""
-    pending = session.questions.pending()
-    oldest = min((q.asked_at for q in pending), default=None)
-    return {"questions_pending": len(pending),
-            "oldest_question_asked_at": oldest.isoformat() if oldest else None,
-            "oldest_question_age_seconds":
-                round((now - oldest).total_seconds()) if oldest else None}
-
-
-def _waiting_text(v: dict) -> str:
-    """"2 questions waiting, the oldest for 5m" ('' when none waits)."""
-    n = v.get("questions_pending")
-    if not n:
-        return ""
-    return (f"{n} question{'s' if n > 1 else ''} waiting, the oldest for "
-            f"{_age(v['oldest_question_age_seconds'])}")
-
-
-def list_text(views: list[dict]) -> str:
-    if not views:
-        return "no sessions"
-    lines = []
-    for v in views:
-        if "error" in v:
-            lines.append(f"{v['session_id']}  unreadable: {printable(v['error'])}")
-            continue
-        status, _, state = standing(v).partition(" in ")
-        state = state or v["state"]
-        run = " stopped" if v.get("engine_stopped") else " running" if v["running"] else ""
-        lines.append(f"{v['session_id']}  {status:<11} {state:<18} it {v['iteration']:<3} "
-                     f"{_age(v['age_seconds']):>6}{run}"
-                     + (f"  {field(v['machine'])}:{field(v['workspace'])}"
-                        if v.get("machine") else "")
-                     + (f"  — {printable(v['pause_reason'])}" if v["pause_reason"] else "")
-                     + (f"  — {printable(v['waiting'])}" if v["waiting"] else "")
-                     + (f"  — {_waiting_text(v)}" if v["questions_pending"] else "")
-                     + (f"  — resume: ralph session resume {v['session_id']}"
-                        if status == "interrupted" else ""))
-    return "\n".join(lines)
-
-
-def _age(seconds: int) -> str:
+def age_text(seconds: int) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

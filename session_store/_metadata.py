@@ -132,6 +132,25 @@ class InterruptedRun:
 
 
 @record
+class FailedRun:
+    """The last agent run that failed (a non-zero exit, a timeout): what a human needs to
+    see why, kept until a run of the same step ends well. `stderr_tail` is the agent's own
+    words (untrusted: escaped wherever shown)."""
+    role: str
+    task: str | None
+    iteration: int
+    exit_code: int | None
+    timed_out: bool
+    stderr_tail: str
+    log: str             # its stderr log, in the work area
+    at: datetime
+
+    @property
+    def unit(self) -> str:
+        return f"{self.iteration}/{self.role}/{self.task or ''}"
+
+
+@record
 class GitInfo:
     """A session's branch in a git workspace: made at `base` (the commit the user's HEAD
     was on), from the user's branch `started_from` (None: a detached HEAD)."""
@@ -163,6 +182,7 @@ class SessionMetadata:
     interrupted: InterruptedRun | None = None
     git: GitInfo | None = None     # None: not a git workspace, or git.commits off
     accounts: list[str] = field(factory=list)   # whose usage windows its agents spend
+    last_failure: FailedRun | None = None   # the last failed agent run, while it stands
 
 
 @record

@@ -91,9 +91,11 @@ def _saved_at(workspace: str, sid: str) -> float:
         return 0.0
 
 
-def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False) -> str:
+def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool = False,
+               named_by: str = "--session ID") -> str:
     """--session, else $RALPH_SESSION_ID, else the one session neither completed nor aborted
-    (else, for read-only views, the newest session)."""
+    (else, for read-only views, the newest session). `named_by`: how the caller's command
+    names a session, for the hint when none or several are open."""
     session_id = session_id or os.environ.get("RALPH_SESSION_ID")
     if session_id:
         return check_id(session_id)
@@ -110,5 +112,5 @@ def resolve_id(workspace: str, session_id: str | None, newest_if_none_open: bool
         return max(list_ids(workspace), key=lambda sid: _saved_at(workspace, sid))
     if not open_ids:
         where = sessions_root(workspace) if store_url() is None else "the store"
-        raise BadInput(f"no open session in {where}; name one with --session")
-    raise BadInput(f"several open sessions ({', '.join(open_ids)}); name one with --session")
+        raise BadInput(f"no open session in {where}; name one: {named_by}")
+    raise BadInput(f"several open sessions ({', '.join(open_ids)}); name one: {named_by}")

@@ -242,7 +242,8 @@ def answer_to(question: Question, text: str, *, now: datetime, channel: str,
 def chosen_option(options: list[str], text: str, qid: str = "the question") -> str:
     """An answer names an option by its number (`3`, `3.`), its text (any case) or a
     unique prefix of it: the option's own text is what is kept. A prefix of several is
-    refused (BadInput naming them); anything else is free text, kept as given."""
+    refused (BadInput naming them), and so is a bare number that names no option (a slip
+    of the finger, not an answer); anything else is free text, kept as given."""
     given = text.strip()
     if not options or not given:
         return text
@@ -253,6 +254,10 @@ def chosen_option(options: list[str], text: str, qid: str = "the question") -> s
     exact = [o for o in options if o.strip().casefold() == folded]
     if exact:
         return exact[0]
+    if number.isascii() and number.isdigit():
+        raise BadInput(f"answer {shown(given)} to {qid}: its options are numbered 1-"
+                       f"{len(options)}; to answer with a number as free text, say it with "
+                       f"a word (\"{shown(number)} please\")")
     starting = [o for o in options if o.strip().casefold().startswith(folded)]
     if len(starting) == 1:
         return starting[0]

@@ -41,8 +41,9 @@ def run(ctx: StateContext) -> Next:
             ctx.record_plan(tasks)
     if not it.tasks_defined:
         return Next(Trigger.OBJECTIVE_MET, "the planner says nothing is left")
-    return Next(Trigger.PLAN_READY,
-                f"{len(it.tasks_defined)} tasks in {len(it.batches())} batches")
+    tasks, batches = len(it.tasks_defined), len(it.batches())
+    return Next(Trigger.PLAN_READY, f"{tasks} task{'s' * (tasks != 1)} in {batches} "
+                                    f"batch{'es' * (batches != 1)}")
 
 
 def _tasks_of(event: dict) -> list[PlannedTask]:

@@ -80,7 +80,8 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     assert "evil-ran" not in (workspace / "ralph.yml").read_text()   # the rewrite never landed
     sd = session_dir(workspace, "h")
     r = ralph(workspace, "session", "resume", "h", env=base_env(**FAST))
-    assert r.returncode == 5, r.stdout + r.stderr       # the limit it started with holds
+    # the limit it started with holds: the resume is refused (it would pause at once)
+    assert r.returncode == 2 and "max_iterations is 1 " in r.stderr, r.stdout + r.stderr
     meta = metadata(sd)
     assert meta["limits"]["max_iterations"] == 1 and meta["status"] == "paused"
     assert not (workspace / "evil-ran").exists()        # the planted command never ran
@@ -91,7 +92,7 @@ def test_a_rewritten_workspace_changes_none_of_the_engines_decisions(workspace, 
     assert snapshot["RObot"]["telegram"]["allowed_chat_ids"] == []
     evs = events(sd)
     assert [e["payload"]["trigger"] for e in evs if e["topic"] == "session.transition"] == \
-        ["plan_ready", "batch_done", "next_iteration", "pause", "resume", "pause"]
+        ["plan_ready", "batch_done", "next_iteration", "pause"]
     assert all(e["source"] == "engine" for e in evs if e["topic"] == "session.transition")
     assert not [f for f in (sd / "signals/processed").iterdir()]   # no APPROVE taken
     assert not list((sd / "answers").iterdir())

@@ -24,8 +24,8 @@ import yaml
 import _crashkit as kit
 import session_store
 from _crashkit import KILLED, Write, run_all
-from support import (EVIDENCE, FAST, base_env, metadata, progress_markers, ralph, spawn, wait_for,
-                     write_config, write_scenario)
+from support import (EVIDENCE, FAST, base_env, metadata, progress_markers, ralph, signal_file,
+                     spawn, wait_for, write_config, write_scenario)
 
 SID = "crash"
 OBJECTIVE = "Build a greeting CLI"
@@ -273,7 +273,7 @@ def test_kill_while_signals_are_handled_then_each_is_handled_once(tmp_path, base
                  ("steer", "use snake_case", "--target", "executor")):
         r = ralph(prepared, "signal", *args, "--session", SID, env=base_env())
         assert r.returncode == 0, r.stderr
-        names.append(r.stdout.strip())
+        names.append(signal_file(r.stdout))
 
     traced = kit.copy_workspace(prepared, tmp_path / "traced")
     r = resume(traced, RALPH_TEST_WRITE_TRACE=tmp_path / "trace")

@@ -274,5 +274,5 @@ def test_no_task_completed_for_longer_than_no_progress_minutes_asks_for_guidance
     cfg = config({"fallback": {"no_progress_minutes": 15}})
     assert engine_for(session, agent, clock=clock, config=cfg).run() == 0
     asked = [q.text for q in questions.questions(session.dir)]
-    assert any("**Issue**: Guidance" in t and "no task completed for 20.0 minutes" in t
+    assert any("Issue: Guidance" in t and "no task completed for 20.0 minutes" in t
                for t in asked), asked

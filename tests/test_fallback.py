@@ -91,8 +91,8 @@ def test_each_trigger_and_its_fallback_type(obs, runtime, kind, why):
 
 # --- triggers in real sessions: the structured question and the captured work state ---
 
-SECTIONS = ("**Current Task**", "**Issue**", "**Confidence Level**", "**Progress So Far**",
-            "**What I Need**", "**Options I've Considered**")
+SECTIONS = ("Current task:", "Issue", "Confidence level", "Progress so far:",
+            "What I need:", "Options I've considered:")
 WORK_STATE = ("## Current step", "## Completed steps", "## Changed files",
               "## Latest test results", "## Decisions", "## Next steps",
               "## Confidence breakdown")
@@ -130,7 +130,7 @@ def test_trigger_asks_the_structured_question(workspace, report, config, issue, 
     q = wait_question(sd)
     for section in SECTIONS:
         assert section in q["text"], (section, q["text"])
-    assert f"**Issue**: {issue}" in q["text"]
+    assert f"Issue: {issue}" in q["text"]
     assert q["options"] == (options or [fallback.CONTINUE, fallback.COLLABORATE, fallback.PAUSE])
     work_state = (sd / "iterations/1/work-state-1.md").read_text()
     for section in WORK_STATE:
@@ -152,7 +152,7 @@ def test_errors_trigger_error_recovery(workspace):
                                  {"topic": "build.done", "payload": "trust me"}]}, *DONE])
     sd = session_dir(workspace, "fb")
     q = wait_question(sd)
-    assert "**Issue**: Error Recovery" in q["text"] and "3 consecutive failures of executor t1" in q["text"]
+    assert "Issue: Error Recovery" in q["text"] and "3 consecutive failures of executor t1" in q["text"]
     ralph(workspace, "session", "answer", "fb", fallback.CONTINUE)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err

@@ -392,9 +392,14 @@ main()
 
 
 def read_bytes_of_resume(ws: Path, sid: str, tmp_path: Path) -> int:
-    """`ralph session resume SID` (it pauses again on its limit): the bytes it read."""
+    """`ralph session resume SID` that pauses again on a limit at once: the bytes it read.
+    (A resume whose limit still holds is refused before it reads anything: this one raises
+    max_iterations, and gives max_runtime a tenth of a millisecond more than it has used,
+    which the engine's start spends.)"""
     out = tmp_path / f"{sid}.io"
-    r = subprocess.run([sys.executable, "-c", READ_BYTES, str(out), "session", "resume", sid],
+    used = metadata(session_dir(ws, sid))["usage"]["runtime_seconds"]
+    r = subprocess.run([sys.executable, "-c", READ_BYTES, str(out), "session", "resume", sid,
+                        "--max-iterations", "2", "--max-runtime", f"{used + 0.0001:.4f}"],
                        cwd=ws, env=base_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 5, r.stdout + r.stderr   # the limit, again
     io = dict(line.split(": ") for line in out.read_text().splitlines())

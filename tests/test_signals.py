@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from engine.prompt import build as build_prompt
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
-                     progress_markers, ralph, session_dir, signal_files, spawn, transitions,
+                     progress_markers, ralph, session_dir, signal_file, signal_files, spawn, transitions,
                      wait_for, work_dir, write_config, write_scenario)
 from session_store import BadInput, signals
 
@@ -623,7 +623,7 @@ def test_signal_cli_refusals(workspace):
     r = ralph(ws, "signal", "STEER", "hello", "--session", "s2", "--target", "ralph-executor")
     assert r.returncode == 0, r.stderr
     [name] = signal_files(session_dir(ws, "s2"), "inputs")
-    assert r.stdout.strip() == name
+    assert signal_file(r.stdout) == name, r.stdout
     assert re.fullmatch(r"signal\.\d{6}-\d{6}-\d{3}-[0-9a-f]+\.yaml", name)
     doc = signal_files(session_dir(ws, "s2"), "inputs")[name]
     assert doc == {"type": "STEER", "target": "Executor", "message": "hello"}

@@ -26,8 +26,8 @@ import yaml
 import _crashkit as kit
 import session_store
 from _crashkit import KILLED
-from support import (EVIDENCE, FAST, base_env, metadata, ralph, spawn, wait_for, write_config,
-                     write_scenario)
+from support import (EVIDENCE, FAST, base_env, metadata, ralph, signal_file, spawn, wait_for,
+                     write_config, write_scenario)
 from session_store import questions, read_events, signals
 
 SID = "torn"
@@ -417,7 +417,7 @@ def test_half_written_temp_files_are_ignored_and_nothing_is_lost(space, run):
     # what lands whole afterwards is taken, once
     r = ralph(ws, "signal", "info", "a whole signal", "--session", SID)
     assert r.returncode == 0, r.stderr
-    whole_signal = r.stdout.strip()
+    whole_signal = signal_file(r.stdout)
     r = ralph(ws, "session", "answer", SID, "sqlite")
     assert r.returncode == 0, r.stderr
     r = ralph(ws, "session", "answer", SID, "postgres", "--question", qid)

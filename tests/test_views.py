@@ -81,7 +81,8 @@ def test_every_status_in_text_and_json(workspace):
     assert {v["session_id"]: v["status"] for v in listed} == {
         "lim": "paused", "run": "aborted", "ask": "completed"}
     text = ralph(workspace, "session", "list").stdout.splitlines()
-    assert text[0].startswith("lim") and "max_iterations" in text[0]
+    assert text[0].split() == ["SESSION", "STATUS", "STATE", "ITER", "AGE", "NOTES"]
+    assert text[1].startswith("lim") and "max_iterations" in text[1]
 
 
 def test_tail_and_follow(workspace):
@@ -155,7 +156,7 @@ def test_status_and_list_say_where_a_session_paused_or_was_interrupted(workspace
     assert text.splitlines()[0].startswith("session cut: interrupted in EXECUTING_BATCH"), text
     assert "resume: ralph session resume cut" in text
     assert status_json(workspace, "cut")["resume_command"] == "ralph session resume cut"
-    line = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    line = ralph(workspace, "session", "list").stdout.splitlines()[1]
     assert "interrupted" in line and "EXECUTING_BATCH" in line
     assert "ralph session resume cut" in line
     # resumed with a PAUSE waiting: it stops the leftover agent and pauses at once
@@ -165,7 +166,7 @@ def test_status_and_list_say_where_a_session_paused_or_was_interrupted(workspace
     text = ralph(workspace, "session", "status", "cut").stdout
     assert text.splitlines()[0].startswith("session cut: paused in EXECUTING_BATCH"), text
     assert "PAUSED" not in text.splitlines()[0]
-    line = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    line = ralph(workspace, "session", "list").stdout.splitlines()[1]   # under the header
     assert "paused" in line and "EXECUTING_BATCH" in line and "PAUSED" not in line, line
     listed = json.loads(ralph(workspace, "session", "list", "--json").stdout)[0]
     assert (listed["state"], listed["previous_state"]) == ("PAUSED", "EXECUTING_BATCH")

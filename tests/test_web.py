@@ -296,7 +296,7 @@ def test_the_list_puts_who_waits_on_a_human_first_with_how_many_and_how_long(wor
         assert listed["recent"]["questions_pending"] == 0
         assert listed["recent"]["oldest_question_asked_at"] is None
     # `ralph session list` orders and says the same
-    first = ralph(workspace, "session", "list").stdout.splitlines()[0]
+    first = ralph(workspace, "session", "list").stdout.splitlines()[1]   # under the header
     assert first.startswith("long-ago") and "2 questions waiting, the oldest for 12m" in first
 
 

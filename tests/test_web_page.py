@@ -311,3 +311,30 @@ def test_knowledge_buttons_show_only_when_it_waits_and_the_header_agrees_with_th
             engine.wait(timeout=30)
         stop_engine_of(session_dir(workspace, SID))
         server.stop(expect=None)
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_said_on_the_page_as_text(workspace, browser, shot):
+    """Issue 33, item 3, on the page: the last failed run's exit code, its last stderr line
+    (the agent's words, shown as text: a tag in them is not markup) and its log."""
+    write_config(workspace, {
+        "agent": {"backend": "command", "command": [
+            "sh", "-c", "printf 'fatal: <b>overloaded</b>\\n' >&2; exit 7"]},
+        "fallback": {"error_count_threshold": 2}, "RObot": {"timeout_seconds": 1}})
+    engine = spawn(workspace, "session", "start", "fail on purpose", "--id", "f1",
+                   env=base_env(RALPH_DEMO_SLEEP_SCALE="0"))
+    assert engine.wait(timeout=120) == 3, engine.stderr.read()   # paused after the retries
+    server = WebServer(workspace)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(server.page("/s/f1"))
+        said = page.locator("#last-failure")
+        said.wait_for(timeout=30000)
+        shot(page, "last-failure")
+        text = said.text_content()
+        assert "the planner (iteration 1) exited with code 7" in text, text
+        assert "its last stderr line: fatal: <b>overloaded</b>" in text, text
+        assert ".stderr" in text.split("its log: ")[1], text
+        assert said.locator("b").count() == 0
+    finally:
+        server.stop(expect=None)

@@ -3,6 +3,7 @@ never pays for yaml, attrs or transitions."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from .common import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM
@@ -46,17 +47,21 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         _drop_stdout()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt as e:
-        print("ralph: interrupted; the session is resumable", file=sys.stderr)
+        print(f"ralph: interrupted{_how_to_resume(args)}", file=sys.stderr)
         return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
     except Exception as e:
-        from session_store import BadInput, DiskFault
+        from session_store import BadInput, DiskFault, UnknownSession
 
         from ..safe_text import printable   # a file name or value an agent chose, escaped
         if isinstance(e, DiskFault):   # a one-shot command: nothing was left half-written
             print(f"ralph: error: {printable(str(e))}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if isinstance(e, BadInput):
-            for line in str(e).splitlines():  # `validate` reports every error, one a line
+            said = str(e)
+            if isinstance(e, UnknownSession):
+                from .common import nearest_session
+                said += nearest_session(args)
+            for line in said.splitlines():  # `validate` reports every error, one a line
                 print(f"ralph: error: {printable(line)}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if os.environ.get("RALPH_DEBUG"):
@@ -64,6 +69,17 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         print(f"ralph: internal error: {type(e).__name__}: {printable(str(e))} "
               f"(RALPH_DEBUG=1 shows where)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _how_to_resume(args) -> str:
+    """For an engine's command (start, resume): the command that resumes its session."""
+    session_id = getattr(args, "engine_session", None)
+    if session_id is None:
+        return ""
+    from .common import workspace
+    where = workspace(args)
+    flag = "" if where == os.getcwd() else f" --workspace {shlex.quote(where)}"
+    return f"; the session is resumable: ralph session resume {session_id}{flag}"
 
 
 def _leave_objects_to_the_exit() -> None:

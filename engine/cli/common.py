@@ -9,8 +9,18 @@ SESSION_FLAGS_HELP = "the session (default: $RALPH_SESSION_ID, then the only ope
 
 
 def workspace(args) -> str:
-    return os.path.abspath(getattr(args, "workspace", None)
-                           or os.environ.get("RALPH_WORKSPACE") or os.getcwd())
+    """--workspace, else $RALPH_WORKSPACE, else the current directory. One that is not a
+    directory (a typo) is refused, not taken for a workspace without sessions, but by the
+    commands that make it (`session start`, `init`: `new_workspace`)."""
+    given = getattr(args, "workspace", None)
+    path = given or os.environ.get("RALPH_WORKSPACE")
+    if not path:
+        return os.getcwd()
+    if not os.path.isdir(path) and not (getattr(args, "new_workspace", False)
+                                        and not os.path.exists(path)):
+        raise bad(f"{'--workspace' if given else '$RALPH_WORKSPACE'} {path}: "
+                  f"{'not a directory' if os.path.exists(path) else 'no such directory'}")
+    return os.path.abspath(path)
 
 
 def config_file(args) -> str | None:
@@ -51,10 +61,56 @@ def shown_path(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
+def session_id_of(args, newest_if_none_open: bool = False) -> str:
+    """The session a command means (see resolve_id); the hint, when it cannot tell, in the
+    syntax of this command: its ID argument, or its --session flag."""
+    from session_store import resolve_id
+    if hasattr(args, "session_id"):
+        how = f"ralph session {args.session_command} ID"
+        given = args.session_id
+    else:
+        how = f"ralph {_command_words(args)} --session ID"
+        given = args.session
+    return resolve_id(workspace(args), given, newest_if_none_open, named_by=how)
+
+
+def _command_words(args) -> str:
+    """The command's words (`signal`, `tools signals poll`), from the parser's dests."""
+    words, key = [], "command"
+    while (word := getattr(args, key, None)) is not None:
+        words.append(word)
+        key = f"{word}_command"
+    if words == ["signal"]:
+        words += [args.type] + (["MESSAGE"] if args.type in ("steer", "info") else [])
+    return " ".join(words)
+
+
+def nearest_session(args) -> str:
+    """For an unknown session id, the hint: the workspace's session nearest to it
+    ("; did you mean X?"), else the sessions it has."""
+    import difflib
+
+    from session_store import list_ids
+    given = getattr(args, "session_id", None) or getattr(args, "session", None) \
+        or os.environ.get("RALPH_SESSION_ID")
+    try:
+        known = sorted(list_ids(workspace(args)))
+    except Exception:   # a hint: whatever stops it leaves the error as it was
+        return ""
+    if not given or not known:
+        return "; this workspace has no session" if given else ""
+    found = difflib.get_close_matches(given, known, n=1, cutoff=0.5)
+    if found:
+        return f"; did you mean {found[0]}?"
+    newest = known[-3:]
+    return (f"; its sessions: {', '.join(reversed(newest))}"
+            + (f" and {len(known) - 3} more (ralph session list)" if len(known) > 3 else ""))
+
+
 def open_session(args):
-    from session_store import BadInput, Status, load, resolve_id
+    from session_store import BadInput, Status, load
     ws = workspace(args)
-    session = load(ws, resolve_id(ws, args.session))
+    session = load(ws, session_id_of(args))
     if session.metadata.status in (Status.COMPLETED, Status.ABORTED):
         raise BadInput(f"session {session.id} is {session.metadata.status.value}: "
                        f"it takes no more signals")

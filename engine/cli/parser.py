@@ -16,7 +16,8 @@ EXIT_CODES = """exit codes:
   0    completed (also when some tasks ended [F]); any other command: done
   1    internal error
   2    bad input or refused (usage, config, unknown session, a session locked by a
-       running engine, resume of a finished session, a question already answered)
+       running engine, resume of a finished session or of one whose limit still holds,
+       a question already answered)
   3    paused (resumable)
   4    aborted
   5    paused by a limit (resume with a higher --max-iterations, --max-runtime or --max-cost)
@@ -24,14 +25,16 @@ EXIT_CODES = """exit codes:
   141  the reader of the output went away (e.g. `| head`)"""
 
 
+ERROR = "ralph: error: "   # every command's one prefix for what it refuses
+
+
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("epilog", EXIT_CODES)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):  # one line, exit 2, no usage dump
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{ERROR}{message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
 
@@ -41,7 +44,7 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     common = Parser(add_help=False)
     common.add_argument("--workspace", default=argparse.SUPPRESS, metavar="DIR",
                         help="the workspace (default: $RALPH_WORKSPACE, then the current directory)")
-    parser = Parser(prog="ralph", parents=[common],
+    parser = Parser(prog="ralph", parents=[common], epilog=EXIT_CODES,
                     description="Drive coding agents through a durable, human-steerable state machine.")
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="print the version and exit")
@@ -60,17 +63,30 @@ def build_parser(argv: list[str] | None = None) -> Parser:
 def _add_commands(sub, commands: dict, path: list[str], common: Parser) -> None:
     """Under `sub`: the command `path` names first, alone, else every one of `commands`."""
     named = bool(path) and path[0] in commands
-    for name, (help_text, made) in commands.items():
+    for name, (help_text, made, *example) in commands.items():
         if named and name != path[0]:
             continue
         if isinstance(made, dict):   # a group of commands
-            group = sub.add_parser(name, help=help_text)
+            group = sub.add_parser(name, help=help_text, description=_purpose(help_text))
             subs = group.add_subparsers(dest=f"{name}_command", required=True,
                                         parser_class=Parser, metavar="COMMAND",
                                         help="one of these")
             _add_commands(subs, made, path[1:] if named else [], common)
-        else:
-            made(sub.add_parser(name, parents=[common], help=help_text))
+        else:   # a leaf: its purpose, its flags, an example (the exit codes: `ralph --help`)
+            made(sub.add_parser(name, parents=[common], help=help_text,
+                                description=_purpose(help_text),
+                                epilog=examples(example)))
+
+
+def examples(lines) -> str:
+    """A leaf command's --help ends with its example(s); the exit codes are said once."""
+    return (f"example{'s' if len(lines) > 1 else ''}:\n"
+            + "".join(f"  {line}\n" for line in lines) + "\nexit codes: see `ralph --help`")
+
+
+def _purpose(help_text: str) -> str:
+    """A command's one-line help as the first line of its own --help."""
+    return help_text[:1].upper() + help_text[1:] + "."
 
 
 # --- the flags' values ---
@@ -134,7 +150,7 @@ def _init(p) -> None:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write it (default: the workspace's ralph.yml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p.set_defaults(handler=workspace_cmds.cmd_init, one_shot=True)
+    p.set_defaults(handler=workspace_cmds.cmd_init, one_shot=True, new_workspace=True)
 
 
 def _validate(p) -> None:
@@ -156,7 +172,7 @@ def _session_start(p) -> None:
                         "without it, such a config is refused (at a terminal: asked)")
     _limit_flags(p)
     _sandbox_flag(p)
-    p.set_defaults(handler=sessions.cmd_start)
+    p.set_defaults(handler=sessions.cmd_start, new_workspace=True)   # made if need be
 
 
 def _session_resume(p) -> None:
@@ -247,7 +263,8 @@ def _signal(p) -> None:
     p.add_argument("type", choices=["steer", "info", "pause", "abort", "approve", "skip"],
                    type=str.lower, metavar="TYPE",
                    help="steer | info | pause | abort | approve | skip")
-    p.add_argument("message", metavar="MESSAGE", help="what the session is told")
+    p.add_argument("message", metavar="MESSAGE", nargs="?", default="",
+                   help="what the session is told (steer and info need one)")
     p.add_argument("--session", metavar="ID", help=SESSION_FLAGS_HELP)
     p.add_argument("--target", default="ALL",
                    help="ALL | Orchestrator | Planner | Executor | Reviewer | Librarian | Questioner")
@@ -303,45 +320,65 @@ def _emit_flags(p) -> None:
     p.set_defaults(handler=_emit, one_shot=True)
 
 
-# name -> (help, what makes it: a function given its parser, or the group's own commands)
+# name -> (help, what makes it: a function given its parser, or the group's own commands;
+# then, for a command, the example lines its --help ends with)
 COMMANDS: dict = {
-    "init": ("write a commented ralph.yml with every default", _init),
-    "validate": ("check a config, print every error", _validate),
+    "init": ("write a commented ralph.yml with every default", _init,
+             "ralph init                  # then edit agent.backend in ralph.yml"),
+    "validate": ("check a config, print every error", _validate,
+                 "ralph validate -c ~/ralph/my.yml"),
     "session": ("start, resume and inspect sessions", {
-        "start": ("create a session and run it", _session_start),
-        "resume": ("continue a paused or interrupted session", _session_resume),
-        "status": ("where a session stands", _session_status),
-        "answer": ("answer a pending human question", _session_answer),
-        "tail": ("the session's events; -f follows them", _session_tail),
+        "start": ("create a session and run it", _session_start,
+                  'ralph session start "add a --verbose flag to the CLI" --max-iterations 3'),
+        "resume": ("continue a paused or interrupted session", _session_resume,
+                   "ralph session resume 250101-120000-ab12 --message \"skip the docs task\""),
+        "status": ("where a session stands", _session_status,
+                   "ralph session status 250101-120000-ab12 --json"),
+        "answer": ("answer a pending human question", _session_answer,
+                   "ralph session answer 250101-120000-ab12 2     # its option 2"),
+        "tail": ("the session's events; -f follows them", _session_tail,
+                 "ralph session tail -f"),
         "diff": ("what a session changed in a git workspace (its branch), or one task's "
-                 "commits", _session_diff),
-        "clean": ("remove the branch a session left (not while it runs)", _session_clean),
+                 "commits", _session_diff, "ralph session diff 250101-120000-ab12 --task t1"),
+        "clean": ("remove the branch a session left (not while it runs)", _session_clean,
+                  "ralph session clean 250101-120000-ab12"),
         "diagnose": ("a summary of a session's diagnostics: the path it took, its slowest "
-                     "runs, failing gates and hooks", _session_diagnose),
-        "list": ("every session of the workspace", _session_list),
+                     "runs, failing gates and hooks", _session_diagnose,
+                     "ralph session diagnose 250101-120000-ab12"),
+        "list": ("every session of the workspace", _session_list, "ralph session list --json"),
     }),
-    "diagram": ("draw the machine (and a session's path)", _diagram),
+    "diagram": ("draw the machine (and a session's path)", _diagram,
+                "ralph diagram --format svg --session 250101-120000-ab12 -o path.svg"),
     "bot": ("the workspace's Telegram bot", {
-        "run": ("run the Telegram bot in the foreground for every session", _bot_run),
+        "run": ("run the Telegram bot in the foreground for every session", _bot_run,
+                "ralph bot run -c ~/ralph/my.yml"),
     }),
     "web": ("a live web view of the sessions: answer and steer from the page (open the URL "
-            "it prints: it carries the token every request needs)", _web),
-    "signal": ("drop a signal into a session's mailbox", _signal),
+            "it prints: it carries the token every request needs)", _web,
+            "ralph web --port 8765"),
+    "signal": ("drop a signal into a session's mailbox", _signal,
+               'ralph signal steer "use the existing logger" --session 250101-120000-ab12',
+               'ralph signal pause "lunch break"'),
     "tools": ("for agents: tools to use during a run", {
         "signals": ("the signals mailbox", {
             "poll": ("take the STEER/INFO signals addressed to ALL or to this role",
-                     _signals_poll),
+                     _signals_poll, "ralph tools signals poll --json"),
         }),
         "interact": ("talk to the humans", {
-            "ask": ("block until a human answers; print it", _interact_ask),
-            "progress": ("tell the humans how it goes", _interact_progress),
+            "ask": ("block until a human answers; print it", _interact_ask,
+                    'ralph tools interact ask "Which database?" --option sqlite '
+                    "--option postgres --timeout 600"),
+            "progress": ("tell the humans how it goes", _interact_progress,
+                         'ralph tools interact progress "tests pass, writing docs"'),
         }),
         "approve": ("a CLI's pre-tool hook (agent.approve): the tool call as JSON on stdin; "
-                    "a human allows or denies it", _approve),
+                    "a human allows or denies it", _approve,
+                    "ralph tools approve --cli claude < tool-call.json"),
     }),
     "mcp": ("for agents: the agent tools (emit, ask, progress, signals_poll, blocker, status) "
-            "as an MCP server over stdio", _mcp),
-    "emit": ("for agents: append an event to the session's bus", _emit_flags),
+            "as an MCP server over stdio", _mcp, "ralph mcp --session 250101-120000-ab12"),
+    "emit": ("for agents: append an event to the session's bus", _emit_flags,
+             'ralph emit build.done --json \'{"tests": "pass", "lint": "pass"}\''),
 }
 
 

@@ -5,7 +5,7 @@ import os
 import sys
 
 from .common import (EXIT_OK, bad, channel_errors, check_channels, config_file, human_only,
-                     workspace)
+                     session_id_of, workspace)
 
 
 def cmd_start(args) -> int:
@@ -68,6 +68,7 @@ def cmd_start(args) -> int:
         print(notice, file=sys.stderr, flush=True)
     print(f"session {session.id} created: its work area is {session.work_dir}, its "
           f"control files (out of agents' reach) are in {session.dir}", flush=True)
+    args.engine_session = session.id   # ^C says how to resume it
     return _run(session, config, sandbox, confinement, resume=False)
 
 
@@ -127,11 +128,11 @@ def _git(verb, *args):
 def _session_branch(args):
     """(session, its workspace's repository, its GitInfo) for `diff` and `clean`; refused
     in one line where the session has no branch."""
-    from session_store import load, resolve_id
+    from session_store import load
 
     from ..workspace_git import WorkspaceGit
     ws = workspace(args)
-    session = load(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    session = load(ws, session_id_of(args, newest_if_none_open=True))
     info = session.metadata.git
     if info is None:
         raise bad(f"session {session.id} has no branch: its workspace is not a git work tree, "
@@ -162,7 +163,7 @@ def cmd_clean(args) -> int:
     human_only("session clean")
     session, repo, info = _session_branch(args)
     if session.running_pid() is not None:
-        raise bad(f"session {session.id} is running: stop it (ralph signal pause) before "
+        raise bad(f"session {session.id} is running: stop it (ralph signal pause --session {session.id}) before "
                   f"removing its branch")
     from session_store import worktree_root
     lanes = _git(repo.clear_lanes, session.id, worktree_root(session.workspace, session.id))
@@ -175,11 +176,11 @@ def cmd_clean(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from session_store import load, resolve_id
+    from session_store import load
 
     from ..diagnostics import summary
     ws = workspace(args)
-    session = load(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    session = load(ws, session_id_of(args, newest_if_none_open=True))
     print(summary(session.id, session.diagnostics()), flush=True)
     return EXIT_OK
 
@@ -206,12 +207,13 @@ def _demo_mode(config, config_path: str | None) -> str | None:
 
 
 def cmd_resume(args) -> int:
-    from session_store import BadInput, Status, load, resolve_id
+    from session_store import BadInput, Status, load
 
     from .. import config as cfg
     human_only("session resume")
     ws = workspace(args)
-    session = load(ws, resolve_id(ws, args.session_id))
+    session = load(ws, session_id_of(args))
+    args.engine_session = session.id   # ^C says how to resume it
     status = session.metadata.status
     if status in (Status.COMPLETED, Status.ABORTED):
         if session.has_summary():
@@ -221,6 +223,13 @@ def cmd_resume(args) -> int:
         config = cfg.load_session_config(session)
         return _run(session, config, *_sandbox(config, args, ws, session.metadata.config_path),
                     resume=True)
+    from ..views import limit_still_reached
+    if held := limit_still_reached(session.metadata, max_iterations=args.max_iterations,
+                                   max_runtime=args.max_runtime, max_cost=args.max_cost):
+        key, why, least = held
+        raise bad(f"session {session.id} paused at its limit and would pause again at once "
+                  f"({why}): resume it with a higher limit: ralph session resume {session.id} "
+                  f"--{key.replace('_', '-')} N (N {least})")
     config = cfg.load_session_config(session)
     check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     cfg.check_paths(config, ws, session.metadata.config_path)
@@ -274,13 +283,23 @@ def _sandbox(config, args, ws: str, config_path: str | None):
 def _preflight(config) -> None:
     """Refuse, in one line and before any run, an agent that cannot run here (its CLI
     not installed, a flag it refuses as root) rather than four failed runs and a pause."""
+    problems = preflight_problems(config)
+    if problems:
+        raise bad(problems[0])
+
+
+def preflight_problems(config) -> list[str]:
+    """Why the enabled roles' agents cannot run here, one line each (the first role on an
+    agent says it)."""
     from session_store import ROLES
 
     from ..agents import preflight
+    found: dict[str, None] = {}
     for role in ROLES:
         if config.role_enabled(role) and (problem := preflight(config.agent_for(role))):
-            raise bad(problem if config.agent_for(role) is config.agent
-                      else f"roles.{role}: {problem}")
+            found.setdefault(problem if config.agent_for(role) is config.agent
+                             else f"roles.{role}: {problem}")
+    return list(found)
 
 
 def _apply_limit_flags(limits, args) -> None:
@@ -313,11 +332,9 @@ def _choose_agent(agent, name: str):
 def cmd_status(args) -> int:
     import json
 
-    from session_store import resolve_id
-
     from ..views import session_view, status_text
     ws = workspace(args)
-    view = session_view(ws, resolve_id(ws, args.session_id, newest_if_none_open=True))
+    view = session_view(ws, session_id_of(args, newest_if_none_open=True))
     print(json.dumps(view, indent=2) if args.json else status_text(view))
     return EXIT_OK
 
@@ -325,19 +342,19 @@ def cmd_status(args) -> int:
 def cmd_list(args) -> int:
     import json
 
-    from ..views import list_text, list_views
+    from ..session_list import list_text, list_views
     views = list_views(workspace(args))
     print(json.dumps(views, indent=2) if args.json else list_text(views))
     return EXIT_OK
 
 
 def cmd_answer(args) -> int:
-    from session_store import BadInput, check_id, load, resolve_id
+    from session_store import BadInput, check_id, load
 
     from ..clock import SystemClock
     human_only("session answer")
     ws = workspace(args)
-    session = load(ws, resolve_id(ws, args.session_id))
+    session = load(ws, session_id_of(args))
     qid = args.question
     if qid is None:
         waiting = session.questions.pending()
@@ -364,6 +381,5 @@ def cmd_answer(args) -> int:
 def cmd_tail(args) -> int:
     from ..views import tail
     ws = workspace(args)
-    from session_store import resolve_id
-    return tail(ws, resolve_id(ws, args.session_id, newest_if_none_open=True), follow=args.follow,
+    return tail(ws, session_id_of(args, newest_if_none_open=True), follow=args.follow,
                 count=args.lines, as_json=args.json)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ..safe_text import printable
 from .common import (EXIT_OK, bad, channel_errors, config_file, human_only, open_session,
+                     session_id_of,
                      shown_path, workspace)
 
 
@@ -14,21 +16,33 @@ def cmd_signal(args) -> int:
     human_only("signal")
     if args.priority and args.type != "steer":
         raise bad("--priority is for steer signals only")
+    if args.type in ("steer", "info") and not args.message.strip():
+        raise bad(f"{args.type}: MESSAGE: expected what the session is told: "
+                  f"ralph signal {args.type} \"MESSAGE\"")
     session = open_session(args)
     name = session.signals.drop(args.type.upper(), args.message, now=SystemClock().now(),
                                 target=args.target, iteration=args.iteration,
                                 priority=args.priority)
-    print(name)
+    when = "its engine takes it at its next step" if session.running_pid() is not None \
+        else f"no engine runs it: taken when it is resumed (ralph session resume {session.id})"
+    print(f"asked session {session.id} {SIGNAL_ASKS[args.type]}"
+          + ("" if args.target.upper() == "ALL" else f" (for the {printable(args.target)})")
+          + f"; {when} (signal file {name})")
     return EXIT_OK
+
+
+SIGNAL_ASKS = {"pause": "to pause", "abort": "to abort",
+               "steer": "to steer by your message", "info": "to take your note",
+               "approve": "to promote its staged knowledge",
+               "skip": "to keep its staged knowledge staged"}
 
 
 def cmd_diagram(args) -> int:
     from ..diagram import render, session_path
     current = taken = None
     if args.session:
-        from session_store import resolve_id
-        ws = workspace(args)
-        current, taken = session_path(ws, resolve_id(ws, args.session, newest_if_none_open=True))
+        current, taken = session_path(workspace(args),
+                                      session_id_of(args, newest_if_none_open=True))
     data = render(args.format, current, taken)
     if args.output:
         from session_store import write_atomic
@@ -82,6 +96,10 @@ def cmd_validate(args) -> int:
         raise bad(f"{path}: no such config file")
     config = cfg.load(path, all_errors=True, channels=channel_errors)
     print(f"{path}: valid")
+    from .sessions import preflight_problems
+    for problem in preflight_problems(config):   # valid, but `session start` would refuse
+        print(f"ralph: warning: {path}: {problem}: `session start` refuses it here",
+              file=sys.stderr, flush=True)
     found = unpinned(config, workspace(args), path)
     if found is not None:   # said, not refused: `session start` is where it is decided
         print(f"ralph: warning: {path}: what it runs changed since session "

@@ -15,7 +15,7 @@ import subprocess
 
 import attrs
 
-from session_store import Assessment, PauseKind, progress
+from session_store import Assessment, PauseKind, progress, unstructure
 
 from states import Next, Trigger
 
@@ -258,13 +258,16 @@ QUESTIONS = {
                       "together?"],
     "escalation": ["This needs more than I have (complexity or resources). Who or what can "
                    "help, and how should I proceed meanwhile?"],
-    "error_recovery": ["I keep hitting errors. How should I recover: retry differently, skip, "
-                       "or change the plan?"],
+    "error_recovery": ["Runs keep failing (the last failure is under Progress so far). How "
+                       "should I recover: retry differently, skip, or change the plan?"],
 }
 
 
 def transition_message(a: Assessment, obs, m, state, task) -> tuple[str, list[str]]:
-    """Seed 004's transition message: the question a human reads, and its options."""
+    """Seed 004's transition message, as plain text (every channel shows it as it is: no
+    markup): the question a human reads, and its options. The last failed run says why,
+    escaped (its stderr line is the agent's)."""
+    from ..views import failed_run_text
     needs = list(QUESTIONS[a.fallback_type])
     if a.fallback_type == "guidance" and obs.approaches:
         needs = [f"I've identified {len(obs.approaches)} possible approaches:",
@@ -274,17 +277,19 @@ def transition_message(a: Assessment, obs, m, state, task) -> tuple[str, list[st
     options = list(obs.approaches) if a.fallback_type == "guidance" and obs.approaches \
         else [CONTINUE, COLLABORATE, PAUSE]
     t = m.tasks
+    failed = [f"- last failed run: {failed_run_text(unstructure(m.last_failure))}"] \
+        if m.last_failure is not None else []
     lines = [
-        "I've encountered a situation that requires your guidance:", "",
-        f"**Current Task**: {task.id + ': ' + task.title if task else state.value}",
-        f"**Issue**: {a.fallback_type.replace('_', ' ').title()}",
-        f"**Confidence Level**: {a.confidence:.1%}", "",
-        "**Progress So Far**:",
+        "I've encountered a situation that requires your guidance.", "",
+        f"Current task: {task.id + ': ' + task.title if task else state.value}",
+        f"Issue: {a.fallback_type.replace('_', ' ').title()}",
+        f"Confidence level: {a.confidence:.1%}", "",
+        "Progress so far:",
         f"- iteration {m.iteration}, {state.value}: {t.completed} of "
         f"{t.total} tasks done, {t.failed} failed",
-        *[f"- {why}" for why in a.triggers], "",
-        "**What I Need**:", *[f"- {q}" for q in needs], "",
-        "**Options I've Considered**:", *[f"{i}. {o}" for i, o in enumerate(options, 1)]]
+        *[f"- {why}" for why in a.triggers], *failed, "",
+        "What I need:", *[f"- {q}" for q in needs], "",
+        "Options I've considered:", *[f"{i}. {o}" for i, o in enumerate(options, 1)]]
     return "\n".join(lines), options
 
 

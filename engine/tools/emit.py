@@ -22,6 +22,24 @@ RESERVED = frozenset({"human.question", "human.response", "human.timeout", "task
                       "knowledge.promoted", "knowledge.refused"})
 MAX_EVENT_BYTES = 1 << 20   # session_store's outbox cap unless its header says otherwise
 USAGE = "usage: ralph emit TOPIC [PAYLOAD] [--json JSON] [--session ID]"
+HELP = USAGE + """
+
+For agents: append an event to the session's bus (inside a run it needs no flag).
+
+positional arguments:
+  TOPIC           dotted words, e.g. build.done, review.done, human.interact
+  PAYLOAD         the event's text payload
+
+options:
+  -h, --help      show this help message and exit
+  --json JSON     the payload as a JSON value
+  --session ID    the session (default: $RALPH_SESSION_ID, then the only open session)
+
+examples:
+  ralph emit build.done --json '{"tests": "pass", "lint": "pass"}'
+  ralph emit human.interact "Which database should I use?"
+
+exit codes: see `ralph --help`"""
 
 
 class EmitError(Exception):
@@ -41,7 +59,7 @@ def parse_args(argv: list[str]) -> tuple[str, object]:
         elif arg.startswith("--json="):
             json_text = arg[len("--json="):]
         elif arg in ("-h", "--help"):
-            print(USAGE)
+            print(HELP)
             raise SystemExit(0)
         else:
             args.append(arg)
@@ -253,13 +271,13 @@ def poll_when_empty(argv: list[str]) -> int | None:
 
 def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
-        print(USAGE)
+        print(HELP)
         return 0
     try:
         argv, session_id = take_session(argv)
         directory = session_dir(session_id)
     except EmitError as e:
-        print(f"ralph emit: error: {e}", file=sys.stderr)
+        print(f"ralph: error: {e}", file=sys.stderr)
         return 2
     from session_store import BadInput, DiskFault
     try:
@@ -268,10 +286,10 @@ def main(argv: list[str]) -> int:
         publish(directory, topic, payload)
     except EmitError as e:
         report_refusal(directory, "emit " + " ".join(argv)[:200], str(e))
-        print(f"ralph emit: error: {e}", file=sys.stderr)
+        print(f"ralph: error: {e}", file=sys.stderr)
         return 2
     except (BadInput, DiskFault) as e:   # a symlink, a run that is over, a full disk
-        print(f"ralph emit: error: {e}", file=sys.stderr)
+        print(f"ralph: error: {e}", file=sys.stderr)
         return 2
     print(f"emitted {topic}")
     return 0

@@ -1,6 +1,7 @@
 """Test support, imported by the tests as `support` (tests/ is on sys.path):
 
-    cli         the real `ralph` as a subprocess: ralph, spawn, finish, base_env, wait_for
+    cli         the real `ralph` as a subprocess: ralph, spawn, finish, base_env, wait_for,
+                signal_file (the file `ralph signal` dropped)
     disk        what a session left on disk: its control plane (session_dir, only_session)
                 and its work area (work_dir, run_logs, prompts); events, metadata,
                 progress markers, questions, signal files
@@ -17,7 +18,7 @@
 
 The light modules are re-exported here; engines, recording and users are imported by name.
 """
-from .cli import FAST, RALPH, REPO, base_env, finish, ralph, spawn, wait_for
+from .cli import FAST, RALPH, REPO, base_env, finish, ralph, signal_file, spawn, wait_for
 from .clock import FrozenClock
 from .disk import (append_raw, events, metadata, only_session, progress_markers,
                    progress_view_markers, prompts, question_files, run_logs, session_dir, session_dirs, signal_files,
@@ -27,7 +28,8 @@ from .scenarios import (DONE, EVIDENCE, QUALITY, REVIEW_OK, demo_config, plan, s
 from .scripted import held, recorded, script_agent
 from .sessions import new_session
 
-__all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "spawn", "wait_for",
+__all__ = ["FAST", "RALPH", "REPO", "base_env", "finish", "ralph", "signal_file", "spawn",
+           "wait_for",
            "FrozenClock", "append_raw", "events", "metadata", "only_session", "progress_markers",
            "progress_view_markers", "prompts", "question_files", "run_logs", "session_dir", "session_dirs",
            "signal_files", "taken_marks", "topics", "transitions", "work_dir", "DONE",

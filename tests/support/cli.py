@@ -31,6 +31,11 @@ def ralph(ws: Path, *args, env: dict | None = None, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
+def signal_file(said: str) -> str:
+    """The signal file `ralph signal` says it dropped: "... (signal file NAME)"."""
+    return said.rsplit("(signal file ", 1)[1].strip().rstrip(")")
+
+
 def spawn(ws: Path, *args, env: dict | None = None) -> subprocess.Popen:
     """Start `ralph ARGS` in `ws` without waiting (stdout/stderr captured)."""
     return subprocess.Popen(RALPH + [str(a) for a in args], cwd=ws, env=env or base_env(),

@@ -149,7 +149,8 @@ class Commands:
         return HELP.format(primary=self.primary() or "none open")
 
     def status(self, sid, _rest) -> str:
-        from ...views import list_text, list_views, session_view, status_text
+        from ...session_list import list_text, list_views
+        from ...views import session_view, status_text
         if sid is None and self.primary() is None:
             return clip(list_text(list_views(self.ws)))
         sid, why = self._pick(sid)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from session_store import AlreadyAnswered, BadInput, ChannelFiles, Status, check_id
 
-from ...views import answer_outcome
+from ...views import answer_outcome, limit_still_reached
 from .reads import Problem, open_session
 from .security import TOKEN_ENV
 
@@ -116,12 +116,21 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
     message = _text(body.get("message"), "$.message", required=False)
     if message.strip():
         argv.append(f"--message={message}")
+    raised = {}
     for key, flag, kind, most in (("max_iterations", "--max-iterations", int, 1e9),
                                   ("max_runtime", "--max-runtime", float, 1e9),
                                   ("max_cost", "--max-cost", float, 1e12)):
         value = _limit(body, key, kind, most)
         if value is not None:
             argv.append(f"{flag}={value}")
+            raised[key] = kind(value)
+    # paused by a limit that still holds, it would pause again at once: the page asks for
+    # the new limit ($.max_iterations, $.max_runtime, $.max_cost) and nothing starts
+    if held := limit_still_reached(session.metadata, **raised):
+        key, why, least = held
+        raise Problem(400, f"$.{key}: session {session.id} paused at its limit and would "
+                           f"pause again at once ({why}): give a new "
+                           f"{key.replace('_', ' ')} ({least}) to resume it")
     fd, log = ChannelFiles(session.workspace, "web").open_log(session.id)
     try:
         os.write(fd, f"--- {_now().isoformat()} ralph web: resume {session.id}\n".encode())

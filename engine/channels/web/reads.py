@@ -14,7 +14,8 @@ from session_store import BadInput, Session, State, check_id, load
 
 from ... import diagram_svg
 from ...diagram import transition_steps
-from ...views import list_views, session_view
+from ...session_list import list_views
+from ...views import session_view
 
 LOG_TAIL = 256 * 1024        # bytes of an agent log a page shows (the end of it)
 SCRATCHPAD_TAIL = 64 * 1024  # characters of the scratchpad a page shows (the end of it)

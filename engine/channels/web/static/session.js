@@ -30,6 +30,8 @@ function summaryOf(v) {
     h("p", { class: "objective" }, v.objective),
     v.machine ? h("p", { class: "place" }, `on ${v.machine}, workspace ${v.workspace}`) : null,
     v.pause_reason ? h("p", { class: "pause-reason" }, `Paused: ${v.pause_reason}`) : null,
+    v.last_failure ? h("p", { class: "last-failure", id: "last-failure" },
+      failureText(v.last_failure)) : null,
     v.waiting ? h("p", { class: "limit-wait", id: "limit-wait" },
       `${v.waiting[0].toUpperCase()}${v.waiting.slice(1)}: the ${v.limit_wait.role}` +
       `${v.limit_wait.task ? " " + v.limit_wait.task : ""} is retried then`) : null,
@@ -39,6 +41,17 @@ function summaryOf(v) {
       ? h("p", { class: "waiting" }, `Waiting for the engine: ${v.waiting_signals.join(", ")}`)
       : null,
   ];
+}
+
+// a failed agent run as `ralph session status` says it (views.failed_run_text); the
+// agent's stderr line is text, never markup
+function failureText(f) {
+  const who = `the ${f.role}` + (f.task ? ` on ${f.task}` : "");
+  const ended = f.timed_out ? "timed out"
+    : f.exit_code !== null ? `exited with code ${f.exit_code}` : "ended without an exit code";
+  const said = f.stderr_tail ? `its last stderr line: ${f.stderr_tail}`
+    : "it wrote nothing on stderr";
+  return `Last failed run: ${who} (iteration ${f.iteration}) ${ended}; ${said}; its log: ${f.log}`;
 }
 
 function usageOf(v) {
