@@ -12,8 +12,8 @@ import time
 
 
 def main(interval: float, argv: list[str]) -> int:
-    from engine import cli
-    from engine.driver import Engine
+    from ralph.engine import cli
+    from ralph.engine.driver import Engine
 
     def polling_wait(self, deadline) -> None:
         seconds = (deadline - self.clock.now()).total_seconds()

@@ -120,7 +120,7 @@ def durable_write_cost(base: str, n: int = 200) -> float:
     """Seconds for one session_store write_atomic (write, fsync, rename, fsync dir) here."""
     import time
 
-    from session_store import write_atomic
+    from ralph.session_store import write_atomic
     d = tempfile.mkdtemp(prefix="ralph-bench-fsync-", dir=base)
     try:
         start = time.perf_counter()
@@ -175,8 +175,8 @@ def stop_process(proc: subprocess.Popen) -> None:
 def config_snapshot() -> dict[str, str]:
     """The `files` for session_store.create that `ralph session resume` needs: the
     snapshot of the config the session started with (here the defaults)."""
-    from engine import config as cfg
-    from session_store import dump_yaml
+    from ralph.engine import config as cfg
+    from ralph.session_store import dump_yaml
     return dump_yaml(cfg.to_data(cfg.without_secrets(cfg.Config())))
 
 
@@ -185,20 +185,20 @@ def config_snapshot() -> dict[str, str]:
 def session_dir(workspace: str, session_id: str) -> str:
     """A session's control plane (metadata, bus, signals, questions), known before a
     `ralph session start` subprocess has made it."""
-    from session_store import sessions_root
+    from ralph.session_store import sessions_root
     return os.path.join(sessions_root(workspace), session_id)
 
 
 def bus_path(session_dir_: str) -> str:
     """The session's bus (events.jsonl), for the benches that fill or size it whole."""
-    from session_store._events import EVENTS_FILE
+    from ralph.session_store._events import EVENTS_FILE
     return os.path.join(session_dir_, EVENTS_FILE)
 
 
 def run_logs(workspace: str, session_id: str, iteration: int) -> str | None:
     """The folder of an iteration's agent-run logs (in the session's work area), None
     while the session is not made yet."""
-    from session_store import BadInput, load
+    from ralph.session_store import BadInput, load
     try:
         return load(workspace, session_id).iteration(iteration).logs
     except BadInput:
@@ -254,7 +254,7 @@ class HeldRun:
 
     def stop(self) -> None:
         """ABORT the session (its agent is stopped) and check that it ended so (exit 4)."""
-        from session_store import signals
+        from ralph.session_store import signals
         if self.proc.poll() is None and os.path.isdir(self.dir):
             signals.drop(self.dir, "ABORT", "bench done", now=now())
             try:

@@ -10,10 +10,10 @@ import time
 
 
 def main(workspace: str, session_id: str, interval: float) -> None:
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from engine.mailbox import Mode
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.engine.mailbox import Mode
 
     session = session_store.load(workspace, session_id)
     engine = Engine(session, Config(), agent_for=lambda role: None, out=io.StringIO())

@@ -12,9 +12,9 @@ import threading
 
 
 def main(interval: float, argv: list[str]) -> int:
-    from engine import cli
-    from engine.channels.telegram import inbox, outbox
-    from session_store import list_ids
+    from ralph.engine import cli
+    from ralph.engine.channels.telegram import inbox, outbox
+    from ralph.session_store import list_ids
 
     class Polling:
         """In place of the watcher: every `interval`, every session is to be looked at."""

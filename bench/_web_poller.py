@@ -28,7 +28,7 @@ def ticker(interval: float):
 def main() -> int:
     import signal
 
-    from engine.channels.web import serve
+    from ralph.engine.channels.web import serve
     workspace, interval = sys.argv[1], float(sys.argv[2])
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     return serve(workspace, "127.0.0.1", 0, watch=ticker(interval))

@@ -1,6 +1,6 @@
 """Bench 17: the engine's peak memory when an agent prints 300 MB on its stdout.
 
-Two `ralph session start` (this checkout's ralph, `python -m engine` with PYTHONPATH set to
+Two `ralph session start` (this checkout's ralph, `python -m ralph.engine`, installed from
 it), each a whole session whose `command` agent (tests/_loud_agent.py) plays every role:
 one whose planner prints 300 MB of stream-json-like lines before its plan, a quiet twin
 that prints none; alternated, rounds of both. The figure is the engine process's own

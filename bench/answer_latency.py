@@ -95,7 +95,7 @@ def next_question(control: str, seen: set, proc: subprocess.Popen, log: str,
                   timeout: float = 60.0) -> str:
     """The id of the next question file to appear in the session whose control plane is
     `control` (polled every 2 ms)."""
-    from session_store import questions
+    from ralph.session_store import questions
     deadline = time.monotonic() + timeout
     while True:
         new = [qid for qid in questions.ids(control) if qid not in seen]
@@ -122,7 +122,7 @@ def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 15.0) -> floa
 
 def measure(base: str, questions_count: int, poll: float | None, seed: int,
             budget: float) -> dict:
-    from session_store import questions, signals
+    from ralph.session_store import questions, signals
     deadline = time.monotonic() + budget
     label = "poller" if poll else "engine"
     workspace = tempfile.mkdtemp(prefix=f"ralph-bench-answer-{label}-", dir=base)

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _append_big_event(session_dir: str) -> int:
     """Append one record whose payload is BIG_MIB MiB, written in pieces (the bench holds
     no copy of it); returns the line's size."""
-    from session_store import read_events
+    from ralph.session_store import read_events
     seq = max(r["seq"] for r in read_events(session_dir)[0]) + 1
     head = json.dumps({"seq": seq, "ts": now().isoformat(), "topic": "huge",
                        "source": "executor"})[:-1] + ', "payload": "'
@@ -59,7 +59,7 @@ def _measured(argv: list[str], cwd: str, env: dict) -> tuple[float, int]:
 
 
 def run(base: str, runs: int = 10) -> list[Row]:
-    import session_store
+    from ralph import session_store
     workspace = tempfile.mkdtemp(prefix="ralph-bench-big-event-", dir=base)
     try:
         for sid in ("plain", "big"):
@@ -72,7 +72,7 @@ def run(base: str, runs: int = 10) -> list[Row]:
             f"{size / 2**20:.0f} MiB line")
         # this checkout's ralph, whatever an installed one points to
         env = dict(os.environ, PYTHONPATH=REPO)
-        commands = {name: [sys.executable, "-m", "engine", "session", *args]
+        commands = {name: [sys.executable, "-m", "ralph.engine", "session", *args]
                     for name, args in (("status", ("status", "{sid}")),
                                        ("tail", ("tail", "{sid}", "-n", "5")))}
         got: dict[tuple[str, str], list[tuple[float, int]]] = {}

@@ -36,7 +36,7 @@ FILLER_TOPICS = (
 
 def fill_bus(session_dir: str, count: int) -> int:
     """Append `count` valid records after the session's own; returns the file's size."""
-    from session_store import read_events
+    from ralph.session_store import read_events
     path = bus_path(session_dir)
     records, _ = read_events(session_dir)
     seq = max((r["seq"] for r in records), default=0)
@@ -58,10 +58,10 @@ def fill_bus(session_dir: str, count: int) -> int:
 
 
 def run_once(base: str, iterations: int, filler: int) -> dict:
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import Limits
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import Limits
 
     workspace = tempfile.mkdtemp(prefix="ralph-bench-bus-", dir=base)
     try:

@@ -70,8 +70,8 @@ def _first_call(proc: subprocess.Popen, started: float) -> float:
 
 
 def run(base: str, runs: int = 20, warmup: int = 2) -> list[Row]:
-    import session_store
-    from session_store import questions
+    from ralph import session_store
+    from ralph.session_store import questions
 
     py = sys.executable
     ralph = ralph_script()

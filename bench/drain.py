@@ -24,11 +24,11 @@ class OverBudget(Exception):
 
 
 def drain_once(base: str, n: int, budget: float) -> dict:
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from engine.mailbox import Mode
-    from session_store import _signals, signals
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.engine.mailbox import Mode
+    from ralph.session_store import _signals, signals
 
     workspace = tempfile.mkdtemp(prefix="ralph-bench-drain-", dir=base)
     stamps: list[float] = []

@@ -16,7 +16,7 @@ from _common import HeldRun, Row, median, ms, ralph_script, ratio, say, timed_ru
 
 
 def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
-    from session_store import read_events
+    from ralph.session_store import read_events
 
     py = sys.executable
     ralph = ralph_script()
@@ -34,7 +34,7 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
         commands = {
             "base": [py, "-c", "pass"],
             "ralph": [ralph, "emit", "bench.tick", "from the console script"],
-            "module": [py, "-m", "engine", "emit", "bench.tick", "from python -m engine"],
+            "module": [py, "-m", "ralph.engine", "emit", "bench.tick", "from python -m engine"],
             "libs": [py, "-c", "import transitions, attrs, yaml"],
             "nosite": [py, "-S", "-c", "pass"],
             # a CLI's pre-tool hook on a call no rule names: the engine's reply is `pass`

@@ -104,7 +104,7 @@ def fleet(base: str, sessions: int, signals_count: int) -> dict:
 
 
 def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
-    from session_store import questions, signals
+    from ralph.session_store import questions, signals
     config = _config(workspace, api.url)
     env = session_env(RALPH_DEMO_SLEEP_SCALE="0", NO_PROXY="127.0.0.1")
     say(f"fleet: starting {sessions} session(s)")
@@ -164,8 +164,8 @@ def _measure(workspace, api, procs, sessions: int, signals_count: int) -> dict:
 
 def _bot_host(workspace: str) -> int | None:
     """The pid of the engine hosting the workspace's Telegram bot (it holds the lock)."""
-    from engine.channels.telegram.host import CHANNEL
-    from session_store import open_channel
+    from ralph.engine.channels.telegram.host import CHANNEL
+    from ralph.session_store import open_channel
     holder = open_channel(workspace, CHANNEL).lock_holder().split()
     return int(holder[0]) if holder and holder[0].isdigit() else None
 

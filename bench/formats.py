@@ -29,8 +29,8 @@ from _common import Row, ms, now, ratio, say
 
 def _metadata(base: str) -> dict:
     """The plain data of a session's metadata after a few transitions."""
-    import session_store
-    from session_store import State
+    from ralph import session_store
+    from ralph.session_store import State
     workspace = tempfile.mkdtemp(prefix="ralph-bench-formats-", dir=base)
     session = session_store.create(workspace, "bench: formats of the store's files",
                                    now=now())
@@ -53,8 +53,8 @@ def _candidates():
                                             allow_unicode=True), "yaml"),
     }
     try:
-        from session_store._schema import dump_plain, load_plain
-        found["own dialect"] = (load_plain, dump_plain, "session_store._schema")
+        from ralph.session_store._schema import dump_plain, load_plain
+        found["own dialect"] = (load_plain, dump_plain, "ralph.session_store._schema")
     except ImportError:
         pass
     return found

@@ -119,7 +119,7 @@ def _wait_agent_running(workspace: str, session_id: str, proc: subprocess.Popen,
 
 
 def run(base: str, seconds: float = 60.0, settle: float = 1.0) -> list[Row]:
-    from session_store import signals
+    from ralph.session_store import signals
     workspace = tempfile.mkdtemp(prefix="ralph-bench-idle-", dir=base)
     procs: dict[str, subprocess.Popen | Pid] = {}
     far = seconds + 3600

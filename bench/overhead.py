@@ -32,8 +32,8 @@ class NoopAgent:
         self.own_cpu = 0.0                     # CPU of its own sends: a real agent's, not ours
 
     def run(self, inv, wakeup=None, should_stop=None):
-        from engine.agents import Outcome
-        from engine.tools.emit import publish
+        from ralph.engine.agents import Outcome
+        from ralph.engine.tools.emit import publish
         cpu_start = time.process_time()
         env = inv.env
         it = int(env["RALPH_ITERATION"])
@@ -60,10 +60,10 @@ class NoopAgent:
 
 
 def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import Limits, _atomic
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import Limits, _atomic
 
     window = min(window, max(1, iterations // 2))
     workspace = tempfile.mkdtemp(prefix="ralph-bench-overhead-", dir=base)
@@ -124,10 +124,10 @@ def run(base: str, iterations: int = 1000, window: int = 100) -> list[Row]:
 def run_diagnostics(base: str, iterations: int = 300, rounds: int = 3) -> list[Row]:
     """The cost of `diagnostics: true` on a transition: the engine's CPU per transition with
     diagnostics on against off, the two interleaved over `rounds` in the same run (median)."""
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import Limits
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import Limits
 
     def cpu_per_transition(diagnostics: bool) -> float:
         workspace = tempfile.mkdtemp(prefix="ralph-bench-diagnostics-", dir=base)

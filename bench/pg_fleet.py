@@ -54,10 +54,10 @@ class StoreUrl:
 def cpu_per_transition(base: str, url: str | None, iterations: int) -> float:
     """Bench 1's in-process engine on a store: CPU seconds per transition, the agent's
     own sends left out."""
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import Limits
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import Limits
     workspace = tempfile.mkdtemp(prefix="ralph-bench-pgcpu-", dir=base)
     try:
         with StoreUrl(url):
@@ -95,7 +95,7 @@ def fleet(base: str, url: str, sessions: int, signals_count: int, iterations: in
         say(f"pg fleet: {sessions} session(s) wait in KNOWLEDGE_APPROVAL; "
             f"{signals_count} signals")
         with StoreUrl(url), psycopg.connect(url, autocommit=True) as watch:
-            import session_store
+            from ralph import session_store
             handles = {sid: session_store.load(workspace, sid) for sid in procs}
             rng = random.Random(16)
             latencies = []
@@ -107,7 +107,7 @@ def fleet(base: str, url: str, sessions: int, signals_count: int, iterations: in
                 latencies.append(_wait_handled(watch, sid, name, procs[sid]) - t0)
         cpu = cpu_per_transition(base, url, iterations)   # beside the waiting fleet
         with StoreUrl(url):
-            import session_store
+            from ralph import session_store
             for sid in procs:
                 session_store.load(workspace, sid).signals.drop("ABORT", "bench done",
                                                                 now=now())

@@ -48,13 +48,13 @@ def _timed(fn, n: int) -> float:
 
 
 def run(base: str, runs: int = 50) -> list[Row]:
-    from engine.agents.preset import RunEnd
-    from engine.agents.presets import Claude
-    from engine.agents.quota_readers import claude_quota
-    from engine.config_types import Quota
-    from engine.quota import blocking
-    from session_store import QuotaReading
-    from session_store._quota import read_account, record_reading
+    from ralph.engine.agents.preset import RunEnd
+    from ralph.engine.agents.presets import Claude
+    from ralph.engine.agents.quota_readers import claude_quota
+    from ralph.engine.config_types import Quota
+    from ralph.engine.quota import blocking
+    from ralph.session_store import QuotaReading
+    from ralph.session_store._quota import read_account, record_reading
 
     say(f"quota: the windows read from a 1 MiB log, the pace check and a recorded reading, "
         f"median of {runs}")

@@ -33,10 +33,10 @@ def build(workspace: str, iterations: int, session_id: str, history: int = 0) ->
     events (agents' notes) on its bus before them, as a long-lived session has."""
     import json
 
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import Limits
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import Limits
 
     session = session_store.create(workspace, f"bench: resume {iterations}", now=now(),
                                    session_id=session_id, config_snapshot=config_snapshot(),
@@ -83,9 +83,9 @@ def resume_once(workspace: str, session_id: str) -> tuple[float, float]:
 
 def load_and_reconcile(workspace: str, session_id: str, runs: int = 5) -> float:
     """In-process: session_store.load + Engine.reconcile, the part that grows; median."""
-    import session_store
-    from engine.config import Config
-    from engine.driver import Engine
+    from ralph import session_store
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
     times = []
     for _ in range(runs):
         start = time.perf_counter()

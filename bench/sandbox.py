@@ -17,7 +17,7 @@ from _common import Row, median, ms, ratio, say
 
 
 def _invocation(ws: str, sandbox, n: int):
-    from engine.agents import Invocation, containment
+    from ralph.engine.agents import Invocation, containment
     work = os.path.join(ws, ".ralph-sessions", "bench")
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     return Invocation(role="executor", prompt="", cwd=ws, timeout=60,
@@ -27,9 +27,9 @@ def _invocation(ws: str, sandbox, n: int):
 
 
 def _pair(ws: str, sandbox, argv: list[str], runs: int) -> tuple[float, float]:
-    from engine.agents import CommandAgent
-    from engine.agents.presets import Command
-    from engine.config import PromptMode
+    from ralph.engine.agents import CommandAgent
+    from ralph.engine.agents.presets import Command
+    from ralph.engine.config import PromptMode
     agent = CommandAgent(Command(argv, PromptMode.STDIN))
     confined, plain = [], []
     for n in range(runs):
@@ -42,8 +42,8 @@ def _pair(ws: str, sandbox, argv: list[str], runs: int) -> tuple[float, float]:
 
 
 def run(base: str, runs: int = 30) -> list[Row]:
-    from engine.agents import sandbox as sb
-    from engine.agents import demo_argv
+    from ralph.engine.agents import sandbox as sb
+    from ralph.engine.agents import demo_argv
     ws = tempfile.mkdtemp(prefix="sandbox-", dir=base)
     box = sb.find(hidden=(os.environ.get("RALPH_STATE_DIR", ""),))
     say(f"18 sandbox: {runs} runs of `true`, confined and not")

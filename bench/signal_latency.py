@@ -51,7 +51,7 @@ def _wait_handled(path: str, proc: subprocess.Popen, timeout: float = 15.0) -> f
 def measure(control: str, proc: subprocess.Popen, count: int, warmup: int,
             seed: int = 2024) -> tuple[list[float], list[float]]:
     """(latencies, drop costs) in seconds, for `count` INFO signals after `warmup`."""
-    from session_store import parse_yaml, signals
+    from ralph.session_store import parse_yaml, signals
     rng = random.Random(seed)
     processed = os.path.join(control, "signals", "processed")
     latencies, drops, names = [], [], []
@@ -74,7 +74,7 @@ def measure(control: str, proc: subprocess.Popen, count: int, warmup: int,
 
 
 def bench_engine(base: str, count: int, warmup: int) -> dict:
-    from session_store import _signals, signals
+    from ralph.session_store import _signals, signals
     workspace = tempfile.mkdtemp(prefix="ralph-bench-latency-", dir=base)
     log = os.path.join(workspace, "engine.log")
     config = os.path.join(workspace, "ralph.yml")
@@ -107,7 +107,7 @@ def bench_engine(base: str, count: int, warmup: int) -> dict:
 
 
 def bench_poller(base: str, count: int, warmup: int) -> dict:
-    import session_store
+    from ralph import session_store
     workspace = tempfile.mkdtemp(prefix="ralph-bench-poller-", dir=base)
     try:
         session = session_store.create(workspace, "bench: 250 ms poller baseline", now=now())

@@ -73,7 +73,7 @@ def _wait(predicate, what: str, proc: subprocess.Popen, timeout: float = 30.0):
 
 
 def _workspace(base: str, label: str, sessions: int) -> tuple[str, list[str]]:
-    from session_store import create
+    from ralph.session_store import create
     workspace = tempfile.mkdtemp(prefix=f"ralph-bench-telegram-{label}-", dir=base)
     dirs = [create(workspace, f"bench {label} {i}", now=now(), session_id=f"{label}{i:03d}").dir
             for i in range(sessions)]
@@ -81,7 +81,7 @@ def _workspace(base: str, label: str, sessions: int) -> tuple[str, list[str]]:
 
 
 def _ask(session_dir: str, qid: str, text: str) -> None:
-    from session_store import questions
+    from ralph.session_store import questions
     t = now()
     sid = os.path.basename(session_dir)
     questions.ask(session_dir, questions.Question(
@@ -122,7 +122,7 @@ def question_out(base: str, fake: FakeTelegram, poll: float | None, count: int,
 
 def reply_in(base: str, fake: FakeTelegram, count: int, seed: int) -> dict[str, list[float]]:
     """Alternately: a reply through the bot, and the answer file written directly."""
-    from session_store import questions
+    from ralph.session_store import questions
     workspace = tempfile.mkdtemp(prefix="ralph-bench-telegram-in-", dir=base)
     rng = random.Random(seed)
     bot = _start_bot(workspace, fake.url, None)   # first: it holds the workspace's bot

@@ -93,7 +93,7 @@ def _waiting(name: str, present: bool):
 
 def measure(session_dir: str, feed: Feed, count: int, warmup: int,
             seed: int = 2026) -> list[float]:
-    from session_store import signals
+    from ralph.session_store import signals
     rng = random.Random(seed)
     latencies = []
     for i in range(warmup + count):
@@ -131,7 +131,7 @@ def _serve(argv: list[str], workspace: str) -> tuple[subprocess.Popen, int, str]
 
 def bench(base: str, server_argv, count: int, warmup: int, idle: float = 0) -> dict:
     """`server_argv(workspace)` is the command that serves it."""
-    import session_store
+    from ralph import session_store
     workspace = tempfile.mkdtemp(prefix="ralph-bench-web-", dir=base)
     try:
         session = session_store.create(workspace, "bench: web latency", now=now(),

@@ -9,20 +9,13 @@ import argparse
 import enum
 import functools
 import re
-import sys
 import types
 import typing
-from pathlib import Path
 
 import attrs
 
-# the docs are made from this checkout's code, whichever ralph is installed
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from engine.cli.parser import build_parser  # noqa: E402
-from engine.config_types import Config  # noqa: E402
+from ralph.engine.cli.parser import build_parser
+from ralph.engine.config_types import Config
 
 CONFIG_MARK = "<!-- generated: config -->"
 COMMANDS_MARK = "<!-- generated: commands -->"

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-RALPH = [sys.executable, "-m", "engine"]
+RALPH = [sys.executable, "-m", "ralph.engine"]
 # the demo agent's steps: the planner plans two tasks; the executor asks about the first
 PAUSED_SCENARIO = [
     {"role": "planner", "iteration": 1, "emit": [{"topic": "plan.ready", "json": {"tasks": [

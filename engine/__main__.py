@@ -1,3 +1,3 @@
-from engine.entry import main
+from ralph.engine.entry import main
 
 main()

@@ -8,8 +8,8 @@ the work ends without one.
 """
 from __future__ import annotations
 
-from states import Next
-from states.context import AfterEach, Streaks, Verdict
+from ralph.states import Next
+from ralph.states.context import AfterEach, Streaks, Verdict
 
 MAX_BLOCKED = 3
 MAX_RESUMES = 3

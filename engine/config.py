@@ -8,7 +8,7 @@ from typing import Callable
 
 import attrs
 
-from session_store import BadInput, parse_yaml, structure_each, unstructure
+from ralph.session_store import BadInput, parse_yaml, structure_each, unstructure
 
 from .config_ranges import range_errors
 from .config_types import (Backend, PromptMode, OnTimeout, OnLimit, SandboxMode, Network,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import math
 
-from session_store import ACCOUNT_NAME, ROLES, WINDOW_NAME, shown
+from ralph.session_store import ACCOUNT_NAME, ROLES, WINDOW_NAME, shown
 
 from .config_types import (BLOCKABLE, HOOK_EVENTS, PAUSABLE, Backend, Config, OnError,
                            OnLimit)

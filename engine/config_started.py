@@ -8,7 +8,7 @@ import os
 
 from attrs import define
 
-from session_store import ROLES, BadInput
+from ralph.session_store import ROLES, BadInput
 
 from .config import HOOKED, ApprovalDefault, Config, outside_allowed, parse, to_data
 
@@ -17,7 +17,7 @@ def _last_started(workspace: str) -> tuple[str, Config] | None:
     """The newest session of the workspace (on this machine: a fleet's store lists every
     machine's) and the config it started with (its snapshot, in the control plane), or
     None."""
-    from session_store import list_ids, load
+    from ralph.session_store import list_ids, load
     here = os.path.abspath(workspace)
     newest = None
     for sid in list_ids(workspace):

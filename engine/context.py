@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from session_store import Attempt, PlannedTask, progress
-from states.context import IterationView, RoleRun, Streaks
+from ralph.session_store import Attempt, PlannedTask, progress
+from ralph.states.context import IterationView, RoleRun, Streaks
 
 from .attempts import run_until_outcome
 from .mailbox import Mode

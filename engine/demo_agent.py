@@ -47,7 +47,7 @@ from importlib import resources
 
 import yaml
 
-from session_store import RunOver, make_dirs, write_atomic
+from ralph.session_store import RunOver, make_dirs, write_atomic
 
 from .tools.emit import publish
 
@@ -57,7 +57,7 @@ DEMO_DIR = ".ralph-demo"   # everything the demo writes into a workspace goes he
 
 def load_scenario(path: str | None) -> dict:
     if path is None:
-        text = resources.files("engine.scenarios").joinpath(BUILTIN).read_text()
+        text = resources.files("ralph.engine.scenarios").joinpath(BUILTIN).read_text()
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -112,7 +112,7 @@ def play(step: dict, env: dict) -> int:
     time.sleep(float(step.get("sleep", 0)) * float(env.get("RALPH_DEMO_SLEEP_SCALE", 1)))
     answered = True
     if step.get("ask"):
-        from engine.tools.interact import ask_and_wait  # only scenarios that ask pay for it
+        from ralph.engine.tools.interact import ask_and_wait  # only scenarios that ask pay for it
         ask = step["ask"]
         answer, answered = ask_and_wait(
             str(ask["question"]), timeout=ask.get("timeout"), default=ask.get("default"),

@@ -12,7 +12,7 @@ import re
 import shutil
 from collections import Counter
 
-from session_store import BadInput, State, load
+from ralph.session_store import BadInput, State, load
 
 from .machine import rows_for_transitions
 from .safe_text import printable

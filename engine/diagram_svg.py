@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape, quoteattr
 
-from session_store import State
+from ralph.session_store import State
 
 from .diagram import VISITED, visited_states
 from .machine import ACTIVE, TRANSITIONS

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import sys
 
-from session_store import (BadInput, DiskFault, FailedRun, PauseKind, Session, State,
+from ralph.session_store import (BadInput, DiskFault, FailedRun, PauseKind, Session, State,
                            Status, StoreUnreachable, unstructure)
-from states import WORK, Next, Trigger
+from ralph.states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
 from .agents.sandbox import Sandbox

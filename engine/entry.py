@@ -9,20 +9,20 @@ import sys
 
 def main() -> None:
     if sys.argv[1:2] == ["emit"]:
-        from engine.tools.emit import main as emit_main
+        from ralph.engine.tools.emit import main as emit_main
         sys.exit(emit_main(sys.argv[2:]))
     in_a_run = bool(os.environ.get("RALPH_RUN_ID"))   # else the CLI's checks (a person)
     if sys.argv[1:4] == ["tools", "interact", "progress"] and in_a_run and \
             not {"-h", "--help"} & set(sys.argv[4:]):
-        from engine.tools.emit import progress_main
+        from ralph.engine.tools.emit import progress_main
         sys.exit(progress_main(sys.argv[4:]))
     if sys.argv[1:3] == ["tools", "approve"] and not {"-h", "--help"} & set(sys.argv[3:]):
-        from engine.tools.approve import main as approve_main   # a CLI's pre-tool hook
+        from ralph.engine.tools.approve import main as approve_main   # a CLI's pre-tool hook
         sys.exit(approve_main(sys.argv[3:]))
     if sys.argv[1:4] == ["tools", "signals", "poll"] and in_a_run:
-        from engine.tools.emit import poll_when_empty
+        from ralph.engine.tools.emit import poll_when_empty
         code = poll_when_empty(sys.argv[4:])
         if code is not None:
             sys.exit(code)
-    from engine.cli import main as cli_main
+    from ralph.engine.cli import main as cli_main
     sys.exit(cli_main(exiting=True))

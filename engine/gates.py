@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from states import COMPLETION
+from ralph.states import COMPLETION
 
 BUILD_EVIDENCE = ("tests", "lint", "typecheck", "audit", "coverage", "complexity", "duplication")
 COVERAGE_MIN, MUTATION_MIN, COMPLEXITY_MAX = 80.0, 70.0, 10.0

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Callable, NamedTuple
 
-from session_store import (REFUSED, OutboxLine, RunChannel, SetAside, hold_engine_lock,
+from ralph.session_store import (REFUSED, OutboxLine, RunChannel, SetAside, hold_engine_lock,
                            holds_engine_lock, runs)
 
 from .tools.emit import EmitError, check

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from session_store import State
+from ralph.session_store import State
 
 
 class KnowledgeKeeper:

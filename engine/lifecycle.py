@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from session_store import BadInput, PauseKind, Status
-from states import COMPLETION, Next, Trigger
+from ralph.session_store import BadInput, PauseKind, Status
+from ralph.states import COMPLETION, Next, Trigger
 
 from .config import OnError
 from .hooks import Hooks

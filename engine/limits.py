@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from session_store import LimitWait, PauseKind
-from states import Next, Trigger
+from ralph.session_store import LimitWait, PauseKind
+from ralph.states import Next, Trigger
 
 from . import quota
 from .agents.preset import QuotaSeen, UsageLimit

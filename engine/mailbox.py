@@ -15,8 +15,8 @@ from __future__ import annotations
 import enum
 from typing import Callable, NamedTuple
 
-from session_store import PauseKind, Session, SessionSignals, State, signals
-from states import Next, Trigger
+from ralph.session_store import PauseKind, Session, SessionSignals, State, signals
+from ralph.states import Next, Trigger
 
 HANDLED_BY = "Ralph-Orchestrator"
 

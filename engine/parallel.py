@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import threading
 
-from session_store import GitInfo, PauseKind, PlannedTask, progress, worktree_root
-from states import Next, Trigger
+from ralph.session_store import GitInfo, PauseKind, PlannedTask, progress, worktree_root
+from ralph.states import Next, Trigger
 
 from .lanes import EngineLock, Wakeups
 from .runner import AgentRunner, Batch

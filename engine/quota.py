@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from session_store import QuotaReading, check_account
+from ralph.session_store import QuotaReading, check_account
 
 from .agents.preset import QuotaSeen
 from .config import AgentConfig

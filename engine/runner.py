@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-from session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
+from ralph.session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
                            Session, outbox)
-from states import COMPLETION, Next, Trigger
-from states.context import RoleRun
+from ralph.states import COMPLETION, Next, Trigger
+from ralph.states.context import RoleRun
 
 from . import gates, prompt
 from .agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from session_store import BadInput, list_ids, load, unstructure
+from ralph.session_store import BadInput, list_ids, load, unstructure
 
 from .safe_text import field, printable
 from .views import age_text, engine_stopped, limit_view, place_view, standing, standing_on_disk

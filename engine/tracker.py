@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from session_store import (Attempt, FailedRun, InterruptedRun, Iteration, IterationMetadata,
+from ralph.session_store import (Attempt, FailedRun, InterruptedRun, Iteration, IterationMetadata,
                            LastTransitionRecord, LimitWait, PauseKind, PlannedTask, Rejection,
                            Session, State, Status, progress)
 

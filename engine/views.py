@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from session_store import (PauseKind, State, Status, load, progress,
+from ralph.session_store import (PauseKind, State, Status, load, progress,
                            unstructure)
 
 from .quota_view import at_utc, quota_lines, quota_view, window_name
@@ -207,7 +207,7 @@ def _question_view(q, session_id: str) -> dict:
 
 def answer_outcome(session, question) -> str:
     """What becomes of an answer, said to whoever gives it (the CLI, the web page)."""
-    from session_store import questions
+    from ralph.session_store import questions
     running = session.running_pid() is not None
     resume = f"when the session is resumed (ralph session resume {session.id})"
     if question.kind == "approval":

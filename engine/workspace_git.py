@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from typing import NamedTuple
 
-from session_store import BadInput, GitInfo, PauseKind, PlannedTask, Session, work_root
-from states import Next, Trigger
+from ralph.session_store import BadInput, GitInfo, PauseKind, PlannedTask, Session, work_root
+from ralph.states import Next, Trigger
 
 from .git_config import a_repository, config_env, environment, overrides, work_tree_top
 

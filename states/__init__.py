@@ -4,7 +4,7 @@ A state's `run(ctx)` does its work through the small context of `states.context`
 returns the `Next` trigger to fire. States know the store's data and nothing of the
 engine: the engine implements the context.
 """
-from session_store import State
+from ralph.session_store import State
 
 from . import (complete, executing_batch, knowledge_approval, paused, planning,
                reviewing_batch)

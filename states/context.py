@@ -9,7 +9,7 @@ import enum
 from datetime import datetime
 from typing import Callable, NamedTuple, Protocol
 
-from session_store import (Iteration, IterationMetadata, PauseKind, PlannedTask, Rejection,
+from ralph.session_store import (Iteration, IterationMetadata, PauseKind, PlannedTask, Rejection,
                            SessionMetadata, progress)
 
 COMPLETION = "LOOP_COMPLETE"   # the planner's "nothing is left" (DESIGN §5 role contract)

@@ -10,7 +10,7 @@ batch in which every task failed pauses the session.
 """
 from __future__ import annotations
 
-from session_store import PauseKind, progress
+from ralph.session_store import PauseKind, progress
 
 from .context import Next, RoleRun, StateContext, Streaks, Trigger
 

@@ -1,7 +1,7 @@
 """PAUSED: nothing runs; the session waits, resumable, for `ralph session resume`."""
 from __future__ import annotations
 
-from session_store import PauseKind
+from ralph.session_store import PauseKind
 
 from .context import StateContext
 

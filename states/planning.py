@@ -5,7 +5,7 @@ Planning is done once per iteration: its commit point is the iteration's
 """
 from __future__ import annotations
 
-from session_store import BadInput, PauseKind, PlannedTask, check_id, progress, structure
+from ralph.session_store import BadInput, PauseKind, PlannedTask, check_id, progress, structure
 
 from .context import COMPLETION, Next, StateContext, Trigger
 

@@ -11,7 +11,7 @@ point of a review: on resume, tasks with one are skipped.
 """
 from __future__ import annotations
 
-from session_store import progress
+from ralph.session_store import progress
 
 from .context import Next, StateContext, Trigger
 

@@ -20,12 +20,12 @@ from typing import NamedTuple
 
 import yaml
 
-from session_store import control_root, work_root
+from ralph.session_store import control_root, work_root
 from _planes import FilePlane, Plane
 from support import progress_markers, progress_view_markers
 from support import session_dir as control_dir
-from engine.machine import TRANSITIONS
-from states import State
+from ralph.engine.machine import TRANSITIONS
+from ralph.states import State
 
 KILLED = -signal.SIGKILL
 WORKERS = max(2, min(4, os.cpu_count() or 2))

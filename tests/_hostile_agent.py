@@ -23,7 +23,7 @@ SID = ENV["RALPH_SESSION_ID"]
 WORK = ENV["RALPH_SESSION_DIR"]
 OUTBOX = os.path.join(WORK, "runs", ENV["RALPH_RUN_ID"], "outbox.jsonl")   # its run's
 ROLE = ENV["RALPH_ROLE"]
-RALPH = [sys.executable, "-m", "engine"]
+RALPH = [sys.executable, "-m", "ralph.engine"]
 OUTSIDE = ENV.get("HOSTILE_OUTSIDE", "/nonexistent")   # a directory outside the workspace
 EVIL = os.path.join(WS, "evil-ran")                   # what the planted command would make
 

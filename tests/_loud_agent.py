@@ -18,7 +18,7 @@ from _agent_outcome import outcome as role_outcome
 
 LINE = (json.dumps({"type": "assistant", "message": {"content": [
     {"type": "text", "text": "noise " * 150}]}}) + "\n").encode()
-# `python -m engine ARGS` whose own peak RSS (VmHWM: the engine's, not its agents', which
+# `python -m ralph.engine ARGS` whose own peak RSS (VmHWM: the engine's, not its agents', which
 # are other processes) it writes to $ENGINE_PEAK_OUT as it exits
 _MEASURED = ("import atexit, os, runpy, sys\n"
              "out = os.environ['ENGINE_PEAK_OUT']\n"
@@ -61,7 +61,7 @@ def main() -> int:
     outcome = role_outcome(role, plans=first)
     if outcome is None:
         return 0
-    return subprocess.run([sys.executable, "-m", "engine", "emit", *outcome],
+    return subprocess.run([sys.executable, "-m", "ralph.engine", "emit", *outcome],
                           timeout=60).returncode
 
 

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 
-from engine import demo_agent
+from ralph.engine import demo_agent
 
 REQUESTS = ".matrix-drops"
 PATIENCE = 60.0   # seconds a request may wait for the humans
@@ -116,12 +116,12 @@ def main() -> int:
         return 0
     dropped = request_drops(env["RALPH_WORKSPACE"], step.get("drop") or [])
     if step.get("poll"):
-        taken = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
+        taken = subprocess.run([sys.executable, "-m", "ralph.engine", "tools", "signals", "poll",
                                 "--json"], capture_output=True, text=True)
         print(f"poll: exit {taken.returncode}\n{taken.stdout}{taken.stderr}", flush=True)
     call = step.pop("approve", None)
     if call:
-        hook = subprocess.run([sys.executable, "-m", "engine", "tools", "approve", "--cli",
+        hook = subprocess.run([sys.executable, "-m", "ralph.engine", "tools", "approve", "--cli",
                                "claude"], input=json.dumps(call), capture_output=True,
                               text=True)
         said = json.loads(hook.stdout)["hookSpecificOutput"] if hook.stdout.strip() else {}

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import yaml
 
-import session_store
-from session_store import questions, signals, write_atomic
+from ralph import session_store
+from ralph.session_store import questions, signals, write_atomic
 from support import session_dir
 
 
@@ -116,7 +116,7 @@ class StorePlane:
     less than the check needs."""
 
     def __init__(self, ws: Path, sid: str, url: str):
-        from session_store.postgres import PostgresSessions
+        from ralph.session_store.postgres import PostgresSessions
         self.ws, self.sid, self.url = Path(ws), sid, url
         self.sd = session_dir(self.ws, sid)
         self.store = PostgresSessions(url, str(ws))
@@ -204,7 +204,7 @@ class StorePlane:
     def close(self) -> None:
         """This process's connection to the database ends (it is copied or dropped next;
         a later read opens another)."""
-        from session_store.postgres import _db
+        from ralph.session_store.postgres import _db
         with _db._databases_lock:
             if _db._databases.get(self.url) is self.store.db:
                 del _db._databases[self.url]

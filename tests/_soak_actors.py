@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 import yaml
 
-from session_store import BadInput, questions, signals
+from ralph.session_store import BadInput, questions, signals
 
 TARGETS = ("ALL", "Planner", "Executor", "Reviewer", "Librarian")
 

@@ -70,7 +70,7 @@ class WebServer:
 def stop_engine_of(session_dir: Path) -> None:
     """Stop an engine the web server started for a session (its pid is in the lock), so a
     failed test leaves nothing running."""
-    from session_store import running_pid
+    from ralph.session_store import running_pid
     pid = running_pid(str(session_dir))
     if pid and pid > 0:
         try:
@@ -86,14 +86,14 @@ def now() -> datetime:
 def store_session(ws: Path, sid: str = SID):
     """A session made through the store, with no engine: what the page shows of it is
     what the test puts there."""
-    import session_store
+    from ralph import session_store
     return session_store.create(str(ws), "web objective", now=now(), session_id=sid)
 
 
 def ask(session, text: str, options=(), minutes_ago: float = 0) -> str:
     """A pending question of an executor's, asked `minutes_ago` (its deadline still ahead)."""
-    from session_store import questions
-    from session_store._questions import Question, QuestionContext
+    from ralph.session_store import questions
+    from ralph.session_store._questions import Question, QuestionContext
     asked_at = now() - timedelta(minutes=minutes_ago)
     qid = questions.new_question_id(asked_at)
     questions.ask(session.dir, Question(

@@ -123,7 +123,45 @@ def pytest_unconfigure(config):
         shutil.rmtree(made, ignore_errors=True)
 
 
+def _cpu_seconds() -> float:
+    import resource
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+CPU_BEGAN = pytest.StashKey[float]()
+SPENT: list[tuple[float, str]] = []   # (CPU seconds, test), as the reports come in
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[CPU_BEGAN] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The CPU a test spent (its setup, call and teardown, with the processes it waited
+    for: engines, agents, CLIs) rides on its last report, to the xdist controller: on CI's
+    two cores the suite's time is its CPU, which --durations does not show."""
+    outcome = yield
+    if call.when == "teardown" and CPU_BEGAN in item.stash:
+        outcome.get_result().user_properties.append(
+            ("cpu_seconds", _cpu_seconds() - item.stash[CPU_BEGAN]))
+
+
+def pytest_runtest_logreport(report):
+    SPENT.extend((value, report.nodeid) for name, value in report.user_properties
+                 if name == "cpu_seconds")
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    if SPENT:
+        terminalreporter.write_sep("=", f"most CPU: {min(25, len(SPENT))} of {len(SPENT)} tests, "
+                                        f"{sum(c for c, _ in SPENT) / 60:.1f} CPU minutes in all")
+        for cpu, nodeid in sorted(SPENT, reverse=True)[:25]:
+            terminalreporter.write_line(f"{cpu:8.2f}s cpu {nodeid}")
     saved = config.stash.get(ARTIFACTS, [])
     if saved:
         terminalreporter.write_line(f"test artefacts ({len(saved)}), look at them:")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.agents.presets import Claude, Codex, Demo, Gemini, RunEnd
-from session_store import MAX_LOG_BYTES, keep_bounded
-from session_store._runlog import HEAD_BYTES, TAIL_BYTES
+from ralph.engine.agents.presets import Claude, Codex, Demo, Gemini, RunEnd
+from ralph.session_store import MAX_LOG_BYTES, keep_bounded
+from ralph.session_store._runlog import HEAD_BYTES, TAIL_BYTES
 from support import base_env, metadata, run_logs, session_dir
 from test_limits_presets import (GEMINI_SESSION, NOW, PLUS, SESSION, THREAD, claude_subscriber,
                                  codex_output, gemini_stderr)

@@ -11,7 +11,7 @@ import signal
 import pytest
 import yaml
 
-from engine.tools.approve import Rule, decision_of, tool_call
+from ralph.engine.tools.approve import Rule, decision_of, tool_call
 from support import (events, finish, question_files, ralph, session_dir, spawn, wait_for,
                      write_config)
 from support.scripted import HOOK, recorded, said, script_agent

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.agents import PRESETS, ApprovalHook, McpServer, RunSetup
-from engine.agents.presets import Command, Demo
-from engine.config import PromptMode
+from ralph.engine.agents import PRESETS, ApprovalHook, McpServer, RunSetup
+from ralph.engine.agents.presets import Command, Demo
+from ralph.engine.config import PromptMode
 from support import EVIDENCE, REVIEW_OK, base_env, metadata, ralph, session_dir
 
 SID = "argvsid0417"   # distinctive: found only where the session's id was put
@@ -83,7 +83,7 @@ with open(os.path.join(out, os.environ["RALPH_RUN_ID"] + ".json"), "w") as f:
 
 
 def ralph(*args):
-    subprocess.run([sys.executable, "-m", "engine", *args], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "ralph.engine", *args], check=True, timeout=60)
 
 
 if role == "planner":
@@ -140,8 +140,8 @@ def test_a_real_runs_command_line_and_its_parents_hold_no_session_id(tmp_path, m
 def test_a_prompt_too_long_for_an_argument_is_named_by_the_environment(tmp_path):
     """`prompt_mode: arg` with a prompt past ARG_LIMIT: the argument points at
     $RALPH_PROMPT_FILE, the file whose path holds the session's id."""
-    from engine.agents import CommandAgent, Invocation
-    from engine import containment
+    from ralph.engine.agents import CommandAgent, Invocation
+    from ralph.engine import containment
     setup = lane_setup(tmp_path)
     out = tmp_path / "seen.json"
     script = ("import json, os, sys; json.dump({'argv': sys.argv, 'file': "

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from support import base_env, only_session, ralph, session_dirs, work_dir, write_config
-from engine import config as cfg
-from session_store import BadInput
+from ralph.engine import config as cfg
+from ralph.session_store import BadInput
 
 
 def test_init_template_is_every_default(workspace):
@@ -86,7 +86,7 @@ def test_role_override_merges_over_agent():
 
 
 def test_telegram_without_chats_is_an_error():
-    from engine.cli.common import channel_errors
+    from ralph.engine.cli.common import channel_errors
     with pytest.raises(BadInput, match=r"\$\.RObot\.telegram\.allowed_chat_ids"):
         cfg.parse("RObot: {enabled: true, telegram: {bot_token: 'x'}}\n", "ralph.yml",
                   channels=channel_errors)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from session_store import create, dump_yaml
+from ralph.session_store import create, dump_yaml
 from support import DONE, FAST, RALPH, base_env, demo_config, plan, ralph, write_config
 from support.clock import START
 
@@ -30,7 +30,7 @@ def touching(marker: Path) -> list[str]:
 def started(ws: Path, config: dict, sid: str = "s1") -> None:
     """A session `sid` of the workspace that started with `config`, made as `session
     start` makes one (the store's create, its config snapshot)."""
-    from engine.config import parse, to_data, without_secrets
+    from ralph.engine.config import parse, to_data, without_secrets
     snapshot = dump_yaml(to_data(without_secrets(parse(dump_yaml(config), "ralph.yml"))))
     create(str(ws), "earlier", now=START, session_id=sid,
            config_snapshot=snapshot)
@@ -158,7 +158,7 @@ SELF_ADOPTING = """\
 import json, os, subprocess, sys
 ws = os.environ["RALPH_WORKSPACE"]
 def ralph(*args):
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ralph.engine", *args], capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
 if os.environ["RALPH_ROLE"] == "planner":
     try:   # (its sandbox shows it ralph.yml read-only: the attack stops here already)

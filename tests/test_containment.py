@@ -28,8 +28,8 @@ import pytest
 from support import (EVIDENCE, FAST, RALPH, REPO, base_env, events, finish, metadata,
                      new_session, only_session, progress_markers, ralph, session_dirs, spawn,
                      wait_for, work_dir, write_config)
-from engine import containment
-from engine.agents.presets import Claude, Codex, RunSetup
+from ralph.engine import containment
+from ralph.engine.agents.presets import Claude, Codex, RunSetup
 
 # What every stand-in agent shares (written to the workspace as agentlib.py; the agents
 # import it: their own directory is first on sys.path).
@@ -39,7 +39,7 @@ AGENTLIB = textwrap.dedent('''
     ENV = os.environ
     ROLE = ENV.get("RALPH_ROLE", "")
     WS = ENV["RALPH_WORKSPACE"]
-    RALPH = [sys.executable, "-m", "engine"]
+    RALPH = [sys.executable, "-m", "ralph.engine"]
     EVIDENCE = %r
 
     def emit(*args):
@@ -213,7 +213,7 @@ def test_a_finished_runs_setsid_grandchildren_and_daemons_are_stopped(workspace)
             mark("executor.run", ENV["RALPH_RUN_ID"])
         elif ROLE == "reviewer":
             # right after the executor's run: is anything of it still there?
-            from engine import containment
+            from ralph.engine import containment
             left = containment.find(ENV["RALPH_SESSION_DIR"],
                                     open(path("executor.run")).read())
             mark("after-executor.json", json.dumps(sorted(left)))
@@ -284,7 +284,7 @@ LATE = '''
     import contextlib, io, signal, subprocess, sys
     sys.path.insert(0, sys.argv[1])
     from agentlib import *
-    from engine.tools.emit import main as emit_main   # `ralph emit`, in this process: a
+    from ralph.engine.tools.emit import main as emit_main   # `ralph emit`, in this process: a
                                                       # new one would be stopped with it
 
     def late(signum, frame):
@@ -354,8 +354,8 @@ def refused_line(r: subprocess.CompletedProcess) -> str:
 def engine_inlet(ws: Path, sid: str):
     """What an engine holds of session `sid` to hear agents: its lock and its inlet
     (started: no run open yet)."""
-    from engine.inlet import Inlet
-    from session_store import acquire_lock, load
+    from ralph.engine.inlet import Inlet
+    from ralph.session_store import acquire_lock, load
     session = load(str(ws), sid)
     lease = acquire_lock(session.dir, sid)
     inlet = Inlet(session, max_bytes=1 << 20, on_ask=lambda *_: {"refused": "no desk here"},
@@ -366,7 +366,7 @@ def engine_inlet(ws: Path, sid: str):
 
 
 def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
-    from engine.inlet import RunInfo
+    from ralph.engine.inlet import RunInfo
     ws = workspace
     sd = Path(new_session(ws, sid="lease").dir)
     lease, inlet = engine_inlet(ws, "lease")
@@ -422,7 +422,7 @@ def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
 
 RACER = textwrap.dedent('''
     import json, os, sys, time
-    from session_store import outbox
+    from ralph.session_store import outbox
     work, w, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     while not os.path.exists(go):
         time.sleep(0.005)   # poll: until the test says go (all racers at once)
@@ -442,8 +442,8 @@ RACER = textwrap.dedent('''
 def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
     """Four processes post for r1 as fast as they can while the run is closed: every
     request before the cut is taken, every one after it refused, none lost."""
-    from engine.inlet import RunInfo
-    from session_store import outbox
+    from ralph.engine.inlet import RunInfo
+    from ralph.session_store import outbox
     ws = workspace
     sd = Path(new_session(ws, sid="race").dir)
     lease, inlet = engine_inlet(ws, "race")
@@ -601,9 +601,9 @@ sys.exit(len(prompt))
 @pytest.mark.parametrize("prompt, code", [("hello", 5), ("crash", -9)])
 def test_the_agents_stdin_streams_and_exit_code_pass_through_its_supervisor(
         tmp_path, prompt, code):
-    from engine.agents import CommandAgent, Invocation
-    from engine.agents.presets import Command
-    from engine.config import PromptMode
+    from ralph.engine.agents import CommandAgent, Invocation
+    from ralph.engine.agents.presets import Command
+    from ralph.engine.config import PromptMode
     (tmp_path / "agent.py").write_text(PASSED)
     (tmp_path / "logs").mkdir()
     agent = CommandAgent(Command([sys.executable, str(tmp_path / "agent.py")],
@@ -622,9 +622,9 @@ def test_the_agents_stdin_streams_and_exit_code_pass_through_its_supervisor(
 def test_an_agent_that_exits_at_once_is_heard_at_once(tmp_path):
     """`true` and `false` exit before the supervisor looks: their codes still arrive (a
     Popen object dropped at once reaped them behind the supervisor's back)."""
-    from engine.agents import CommandAgent, Invocation
-    from engine.agents.presets import Command
-    from engine.config import PromptMode
+    from ralph.engine.agents import CommandAgent, Invocation
+    from ralph.engine.agents.presets import Command
+    from ralph.engine.config import PromptMode
     (tmp_path / "logs").mkdir()
     env = base_env(RALPH_RUN_ID="r1", RALPH_SESSION_DIR=tmp_path)
     for n in range(20):
@@ -668,7 +668,7 @@ def test_an_agent_that_kills_its_supervisor_ends_its_run_and_leaves_nothing(work
 def test_an_engine_package_planted_in_the_workspace_never_runs_as_a_supervisor(workspace):
     ws = workspace
     setup(ws, """
-        os.chdir("/")   # its own `python -m engine emit`: not from what it plants
+        os.chdir("/")   # its own `python -m ralph.engine emit`: not from what it plants
         if ROLE == "planner" and not os.path.exists(path("engine")):
             os.mkdir(path("engine"))
             open(path("engine/__init__.py"), "w").close()
@@ -1092,7 +1092,7 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
 WHERE = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, %r)
-    from engine.containment import agent_run_of
+    from ralph.engine.containment import agent_run_of
     run, out = agent_run_of(), sys.argv[1]
     with open(out + ".tmp", "w") as f:
         json.dump(run and [run.supervisor, run.run_id, run.session_dir], f)

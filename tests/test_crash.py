@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import _crashkit as kit
-import session_store
+from ralph import session_store
 from _crashkit import KILLED, Write, run_all
 from support import (EVIDENCE, FAST, base_env, metadata, progress_markers, ralph, signal_file,
                      spawn, wait_for, write_config, write_scenario)

@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from engine.agents import UsageLimit
-from session_store import load, questions, signals
+from ralph.engine.agents import UsageLimit
+from ralph.session_store import load, questions, signals
 from support import EVIDENCE, events, metadata, progress_markers, ralph, topics
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent

@@ -8,9 +8,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from support import FAST, REPO, base_env, ralph
-from engine import diagram
-from engine.machine import TRANSITIONS, TRIGGERS
-from states import State
+from ralph.engine import diagram
+from ralph.engine.machine import TRANSITIONS, TRIGGERS
+from ralph.states import State
 
 
 def _strip_version(svg: str) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import _crashkit as kit
-from session_store import control_root
+from ralph.session_store import control_root
 from support import RALPH, base_env
 from test_matrix import (SID, Files, Human, Point, _diff, check_humans_and_signals, check_parses,
                          full, points_of, resume, resume_to_the_end, root, start,

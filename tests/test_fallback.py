@@ -15,9 +15,9 @@ from support import (DONE, EVIDENCE, events, metadata, only_session, plan, progr
                      prompts, question_files, ralph, recorded, run_logs, script_agent,
                      session_dir, spawn, wait_for, write_config, write_scenario)
 from support import start as start_demo
-from engine.humans import fallback
-from engine.config import Fallback
-from session_store import Observations, TaskCounts
+from ralph.engine.humans import fallback
+from ralph.engine.config import Fallback
+from ralph.session_store import Observations, TaskCounts
 
 NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
 FACTORS = list(fallback.WEIGHTS)
@@ -253,8 +253,8 @@ def test_each_blocker_is_counted_once_by_the_bus_and_an_agents_count_record_coun
     keyed by the blocker's seq): a new engine after a crash never counts one again."""
     from types import SimpleNamespace
 
-    from engine.humans.blockers import COUNTED, BlockerLedger
-    from states import Trigger
+    from ralph.engine.humans.blockers import COUNTED, BlockerLedger
+    from ralph.states import Trigger
     settings, seen = SimpleNamespace(trace_path=None, repeat_limit=2), Observations()
 
     def ledger():   # a new engine's
@@ -284,8 +284,8 @@ def test_a_bad_blocker_is_refused_with_its_path(workspace):
     refuses it too when an agent writes it to the outbox itself, past the CLI."""
     payloads = [json.dumps(p) for p, _ in BAD_BLOCKERS]
     script_agent(workspace, f"""
-        from engine.tools.emit import run_id
-        from session_store import outbox
+        from ralph.engine.tools.emit import run_id
+        from ralph.session_store import outbox
         record("bad", [ralph("emit", "blocker", "--json", p) for p in {payloads!r}])
         record("good", ralph("emit", "blocker", "--json", {json.dumps(blocker("x"))!r}))
         record("confidence", ralph("emit", "confidence", "--json", '{{"task_clarity": 3}}'))

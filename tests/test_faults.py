@@ -15,9 +15,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from engine import clock as engine_clock
-from session_store._watch import watch
-from session_store import write_atomic
+from ralph.engine import clock as engine_clock
+from ralph.session_store._watch import watch
+from ralph.session_store import write_atomic
 from support import (EVIDENCE, FAST, REPO, REVIEW_OK, base_env, events, finish, metadata,
                      question_files, ralph, session_dir, spawn, wait_for, write_config,
                      write_scenario)

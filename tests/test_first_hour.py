@@ -73,7 +73,7 @@ def test_a_run_of_the_same_step_that_ends_well_clears_the_failure(workspace):
         f"    open({str(flag)!r}, 'w').close()\n"
         "    print('boom', file=sys.stderr)\n"
         "    sys.exit(3)\n"
-        "subprocess.run([sys.executable, '-m', 'engine', 'emit', 'LOOP_COMPLETE'], check=True)\n")
+        "subprocess.run([sys.executable, '-m', 'ralph.engine', 'emit', 'LOOP_COMPLETE'], check=True)\n")
     write_config(workspace, {"agent": {"backend": "command",
                                        "command": [sys.executable, str(agent)]}})
     r = ralph(workspace, "session", "start", "obj", "--id", "f2", timeout=90)
@@ -128,7 +128,7 @@ def test_an_unknown_session_names_the_nearest(workspace):
 
 def _paused_at_its_limit(workspace, sid: str):
     """A session paused by max_iterations (1) at iteration 2, as the engine leaves it."""
-    from session_store import PauseKind, State, Status
+    from ralph.session_store import PauseKind, State, Status
     session = new_session(workspace, sid=sid)
     m = session.metadata
     m.status, m.iteration, m.limits.max_iterations = Status.PAUSED, 2, 1

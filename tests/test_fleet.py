@@ -109,7 +109,7 @@ def test_two_machines_listed_answered_signalled_and_resumed_from_a_third(fleet):
 ENV_DUMP = """
 import os, sys
 print("ENV " + repr(sorted(os.environ.items())), flush=True)
-os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+os.execv(sys.executable, [sys.executable, "-m", "ralph.engine.demo_agent", "--script", sys.argv[1]])
 """
 
 
@@ -275,7 +275,7 @@ def test_one_web_page_sees_and_steers_every_machines_sessions(fleet, monkeypatch
     signal into another machine's session."""
     from _web import WebServer, client, now
     from test_web_feed import Stream
-    import session_store
+    from ralph import session_store
     alpha, beta, desk = fleet("alpha"), fleet("beta"), fleet("desk")
 
     def made_on(machine, sid):
@@ -318,11 +318,11 @@ if os.environ["RALPH_ROLE"] == "executor" and os.environ.get("RALPH_TASK_ID") ==
     open(os.path.join(ws, "ready"), "w").close()
     while not os.path.exists(os.path.join(ws, "dropped")):
         time.sleep(0.05)   # poll: until the test dropped the signals
-    out = subprocess.run([sys.executable, "-m", "engine", "tools", "signals", "poll",
+    out = subprocess.run([sys.executable, "-m", "ralph.engine", "tools", "signals", "poll",
                           "--json"], capture_output=True, text=True, check=True).stdout
     with open(polled, "w") as f:
         f.write(out)
-os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+os.execv(sys.executable, [sys.executable, "-m", "ralph.engine.demo_agent", "--script", sys.argv[1]])
 """
 
 
@@ -404,7 +404,7 @@ def test_a_lease_is_seen_only_in_its_own_database(postgres_cluster, tmp_path):
     of the other's (its session is not running there, and is taken there at once)."""
     from datetime import datetime, timezone
     from _planes import database_url
-    from session_store.postgres import PostgresSessions, _db
+    from ralph.session_store.postgres import PostgresSessions, _db
     url, _root = postgres_cluster
     names = [f"ralph_fleet_{os.urandom(3).hex()}_{i}" for i in (1, 2)]
     fleets: list[PostgresSessions] = []

@@ -44,15 +44,15 @@ from hypothesis import strategies as st
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, metadata, spawn, wait_for,
                      write_config, write_scenario)
 from support.hostile import raw_controls
-from engine import config as cfg
-from engine import event_schemas
-from engine.safe_text import printable
-from engine.tools import emit
-from session_store import BadInput, append_event, check_id, control_root, create, load, \
+from ralph.engine import config as cfg
+from ralph.engine import event_schemas
+from ralph.engine.safe_text import printable
+from ralph.engine.tools import emit
+from ralph.session_store import BadInput, append_event, check_id, control_root, create, load, \
     questions, read_events, resolve_id, signals
-from session_store._events import backwards
-from engine.cli.common import channel_errors
-from session_store._schema import dump_plain, parse_yaml
+from ralph.session_store._events import backwards
+from ralph.engine.cli.common import channel_errors
+from ralph.session_store._schema import dump_plain, parse_yaml
 from support.disk import session_dir
 from support.engines import config as engine_config
 from support.engines import held_run
@@ -189,7 +189,7 @@ def _strategy_for(tp):
 
 
 def _doc_for(cls):
-    hints = typing.get_type_hints(cls, vars(cfg), vars(cfg))
+    hints = typing.get_type_hints(cls)   # in the namespace of the module that defines it
     good = {f.name: _strategy_for(hints[f.name]) | JUNK for f in attrs.fields(cls)}
     known = st.fixed_dictionaries({}, optional=good)
     unknown = st.dictionaries(st.text(min_size=1, max_size=8), JUNK, max_size=1)
@@ -764,7 +764,7 @@ def test_session_ids_never_leave_the_sessions_dir(tmp_path_factory, sid):
 @settings(**budget("cli_ids", 250))
 @given(value=IDS, which=st.integers(0, 5))
 def test_cli_refuses_bad_ids_and_targets_with_exit_2(store, value, which):
-    from engine import cli
+    from ralph.engine import cli
     CASES["cli_ids"] += 1
     ws = str(store)
     argv = [["session", "status", value], ["session", "answer", value, "text"],
@@ -812,7 +812,7 @@ _PARSER = []
 def test_cli_number_flags_take_only_finite_positive_numbers(flag, text):
     """argparse's float() takes nan and inf: `--timeout nan` crashed `ask` with a
     traceback, `--max-runtime nan` was stored as a limit never reached."""
-    from engine.cli.parser import build_parser
+    from ralph.engine.cli.parser import build_parser
     CASES["cli_numbers"] += 1
     if not _PARSER:
         _PARSER.append(build_parser())
@@ -1015,12 +1015,12 @@ def updates(draw):
 
 @pytest.fixture(scope="module")
 def telegram_ws(tmp_path_factory):
-    from engine.channels.telegram.commands import Commands
-    from engine.channels.telegram.inbox import Inbox
-    from engine.channels.telegram.settings import Log
-    from engine.channels.telegram.state import BotState
-    from engine.channels.telegram.transport import Transport
-    from session_store import ChannelFiles, Sessions
+    from ralph.engine.channels.telegram.commands import Commands
+    from ralph.engine.channels.telegram.inbox import Inbox
+    from ralph.engine.channels.telegram.settings import Log
+    from ralph.engine.channels.telegram.state import BotState
+    from ralph.engine.channels.telegram.transport import Transport
+    from ralph.session_store import ChannelFiles, Sessions
     ws = tmp_path_factory.mktemp("tgfuzz")
     session = create(str(ws), "telegram fuzz", now=now(), session_id="s1")
     _ask(session.dir, "q1")
@@ -1231,7 +1231,7 @@ def test_every_line_in_the_outbox_is_taken_or_refused_never_crashing_the_engine(
     the run's refused verb (cli.refused), or refused as the run's (emit.refused: half a
     character and a line naming another run among them); and the engine lives on to take
     the next line."""
-    from session_store import outbox
+    from ralph.session_store import outbox
     CASES["outbox_lines"] += 1
     session, env, offset = outbox_run
     run = env["RALPH_RUN_ID"]
@@ -1278,8 +1278,8 @@ def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case)
     else the line says, is refused as a line that is no request (no record could hold it
     as UTF-8; it once ended the engine, and on resume again), and the engine reading it
     lives on; the bus stays UTF-8."""
-    from engine.inlet import Inlet, RunInfo
-    from session_store import acquire_lock, outbox
+    from ralph.engine.inlet import Inlet, RunInfo
+    from ralph.session_store import acquire_lock, outbox
     session = create(str(tmp_path), "o", now=now(), session_id="h1")
     lease = acquire_lock(session.dir, "h1")
     inlet = Inlet(session, max_bytes=OUTBOX_CAP, on_ask=lambda *_: {"refused": "no desk"},
@@ -1402,8 +1402,8 @@ RECORDS = st.fixed_dictionaries(
 @given(record=RECORDS)
 def test_any_record_is_shown_as_one_safe_line_and_an_attributed_notice(record):
     CASES["shown_records"] += 1
-    from engine.channels.telegram.texts import MAX_TEXT, notice_text
-    from engine.views import event_line
+    from ralph.engine.channels.telegram.texts import MAX_TEXT, notice_text
+    from ralph.engine.views import event_line
     line = event_line(record)
     assert "\n" not in line and not raw_controls(line)
     message = notice_text("s1", record)
@@ -1700,7 +1700,7 @@ def test_what_a_cli_prints_never_breaks_its_presets_reading(lines, code, where):
     """Whatever an agent's CLI prints (an agent can make it print anything), reading it for
     a usage limit and a conversation's id never raises, and a reset is a plausible instant
     or none."""
-    from engine.agents.presets import Claude, Codex, Demo, Gemini, RunEnd
+    from ralph.engine.agents.presets import Claude, Codex, Demo, Gemini, RunEnd
     CASES["limit_outputs"] += 1
     text = "\n".join(json.dumps(line, default=str) if isinstance(line, dict) else str(line)
                      for line in lines)

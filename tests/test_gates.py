@@ -14,8 +14,8 @@ import pytest
 from support import (DONE, EVIDENCE, QUALITY, base_env, events, metadata, only_session, plan,
                      progress_markers, prompts, ralph, recorded, script_agent, start,
                      write_config)
-from engine import gates
-from engine.agents.approval_hooks import CLAUDE_SANDBOX
+from ralph.engine import gates
+from ralph.engine.agents.approval_hooks import CLAUDE_SANDBOX
 
 
 def run_scenario(workspace, steps, *args, config=None) -> tuple:
@@ -71,9 +71,9 @@ def test_completion_must_be_last_of_its_run():
 
 def test_engine_injected_events_are_gated_too(workspace):
     """No bypass: what the engine publishes itself meets the same gate."""
-    from engine.config import Config
-    from engine.driver import Engine
-    from session_store import create
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.session_store import create
     session = create(str(workspace), "obj", now=datetime.now(timezone.utc), session_id="inj")
     engine = Engine(session, Config(), out=io.StringIO())
     record = engine.publish("build.done", "")  # a default with no evidence
@@ -265,7 +265,7 @@ STANDIN = textwrap.dedent("""\
         f.write(json.dumps({{"name": name, "argv": sys.argv[1:-1] if not stdin else sys.argv[1:],
                             "prompt_head": prompt[:13], "stdin": bool(stdin)}}) + "\\n")
     def emit(*a):
-        subprocess.run([sys.executable, "-m", "engine", "emit", *a], check=True,
+        subprocess.run([sys.executable, "-m", "ralph.engine", "emit", *a], check=True,
                        stdout=subprocess.DEVNULL)
     role = os.environ["RALPH_ROLE"]
     if role == "planner":
@@ -351,7 +351,7 @@ def test_max_cost_pauses_with_exit_5(workspace, standins):
 
 EMITTER = """
 import io, json, sys
-from engine.tools.emit import main
+from ralph.engine.tools.emit import main
 worker, sys.stdout = int(sys.argv[1]), io.StringIO()
 sys.exit(max(main(["load.test", "--json", json.dumps({"w": worker, "i": i})])
              for i in range(500)))

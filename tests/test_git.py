@@ -152,7 +152,7 @@ def test_session_diff_shows_the_session_or_one_tasks_commits(workspace):
 
 
 def test_session_clean_removes_the_branch_and_goes_back_to_the_users(workspace):
-    from session_store import acquire_lock
+    from ralph.session_store import acquire_lock
     base = git_workspace(workspace)
     assert ralph(workspace, "session", "start", "x", "--id", "s",
                  env=base_env(**FAST)).returncode == 0
@@ -191,8 +191,8 @@ def test_a_broken_repository_or_no_git_is_one_line(workspace, tmp_path):
 
 def test_the_work_area_is_never_committed_whatever_an_agent_staged(workspace):
     """An agent that removes the work area's .gitignore and stages a file there itself."""
-    from engine.workspace_git import WorkspaceGit
-    from session_store import GitInfo
+    from ralph.engine.workspace_git import WorkspaceGit
+    from ralph.session_store import GitInfo
     base = git_workspace(workspace)
     git(workspace, "switch", "--quiet", "--create", "ralph/s")
     area = workspace / ".ralph-sessions" / "s"
@@ -208,8 +208,8 @@ def test_the_work_area_is_never_committed_whatever_an_agent_staged(workspace):
 
 
 def test_a_filter_an_agent_configured_does_not_run_as_the_engine(workspace, tmp_path):
-    from engine.workspace_git import WorkspaceGit
-    from session_store import GitInfo
+    from ralph.engine.workspace_git import WorkspaceGit
+    from ralph.session_store import GitInfo
     base = git_workspace(workspace)
     git(workspace, "switch", "--quiet", "--create", "ralph/s")
     repo, info = WorkspaceGit(str(workspace)), GitInfo("ralph/s", base, "main")
@@ -262,8 +262,8 @@ exit $rc
 def test_a_task_committed_before_a_crash_is_amended_not_committed_again(workspace):
     """The rerun of a task whose commit a crash left without its [x] adds its new changes
     to that commit, or leaves it as it is."""
-    from engine.workspace_git import WorkspaceGit
-    from session_store import GitInfo
+    from ralph.engine.workspace_git import WorkspaceGit
+    from ralph.session_store import GitInfo
     base = git_workspace(workspace)
     git(workspace, "switch", "--quiet", "--create", "ralph/s")
     repo, info = WorkspaceGit(str(workspace)), GitInfo("ralph/s", base, "main")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.workspace_git import GitError, WorkspaceGit
-from session_store import GitInfo
+from ralph.engine.workspace_git import GitError, WorkspaceGit
+from ralph.session_store import GitInfo
 from support import EVIDENCE, REVIEW_OK, base_env, metadata, progress_markers, ralph, session_dir
 
 LINES = "".join(f"line {n}\n" for n in range(1, 11))
@@ -218,7 +218,7 @@ sys.stdin.read()
 
 
 def ralph(*args):
-    subprocess.run([sys.executable, "-m", "engine", *args], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "ralph.engine", *args], check=True, timeout=60)
 
 
 if role == "planner":

@@ -153,7 +153,7 @@ def test_malformed_records_are_shown_by_every_view(workspace, web, tmp_path):
         assert head == "event: events"
         sent = json.loads(data.removeprefix("data: "))
     # the page is sent the records it can order (by an integer seq), each within its bound
-    from engine.channels.web.reads import MAX_EVENT
+    from ralph.engine.channels.web.reads import MAX_EVENT
     assert [e["seq"] for e in sent][-5:] == [900, 902, 903, 904, 905]
     assert all(len(json.dumps(e, ensure_ascii=False)) <= MAX_EVENT for e in sent)
     assert sent[-3]["payload"] == "not a dict" and sent[-2]["source"] == "executor"

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from engine.clock import SystemClock
-from session_store import create
+from ralph.engine.clock import SystemClock
+from ralph.session_store import create
 from support import base_env
 from support.engines import held_run
 

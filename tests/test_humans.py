@@ -68,7 +68,7 @@ def test_loop_block_answered_from_the_cli(workspace):
 
 def _answer(args):
     session_dir, qid, text = args
-    from session_store import BadInput, questions
+    from ralph.session_store import BadInput, questions
     try:
         questions.answer(session_dir, qid, text, now=datetime.now(timezone.utc))
         return text
@@ -77,7 +77,7 @@ def _answer(args):
 
 
 def test_eight_answerers_exactly_one_wins(workspace):
-    from session_store import create, questions
+    from ralph.session_store import create, questions
     now = datetime.now(timezone.utc)
     session = create(str(workspace), "obj", now=now, session_id="race")
     q = questions.ask(session.dir, questions.Question(
@@ -91,7 +91,7 @@ def test_eight_answerers_exactly_one_wins(workspace):
 
 
 def test_several_pending_need_a_question_id(workspace):
-    from session_store import create, questions
+    from ralph.session_store import create, questions
     now = datetime.now(timezone.utc)
     session = create(str(workspace), "obj", now=now, session_id="two")
     for qid in ("qa", "qb"):
@@ -180,7 +180,7 @@ def test_in_run_ask_answered_and_timed_out(workspace):
 ASKER = """
     record("quick", ralph("tools", "interact", "ask", "Quick?", "--timeout", "0.5",
                           "--default", "no"))
-    asker = subprocess.Popen([sys.executable, "-m", "engine", "tools", "interact", "ask",
+    asker = subprocess.Popen([sys.executable, "-m", "ralph.engine", "tools", "interact", "ask",
                               "Really?", "--timeout", "60"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     hold("asked")   # until the test sees it pending (no run sees the control plane)
@@ -258,7 +258,7 @@ def _asking(workspace, *qids, options=FALLBACK_OPTIONS) -> Path:
     """A session (no engine) with a pending question per id, each with `options`."""
     from datetime import timedelta
 
-    from session_store import create, questions
+    from ralph.session_store import create, questions
     asked = datetime.now(timezone.utc)
     session = create(str(workspace), "obj", now=asked, session_id="q")
     for qid in qids:
@@ -297,7 +297,7 @@ def test_options_are_answered_by_number_text_or_unique_prefix(workspace):
                  "--question", "q5").returncode == 0
     assert _stored(sd, "q5") == "use postgres, then go on"
     # the store resolves it, so Telegram (and any channel) gets the same
-    from session_store import questions
+    from ralph.session_store import questions
     given = questions.answer(str(sd), "q6", "1", now=datetime.now(timezone.utc),
                              channel="telegram")
     assert given.text == "Continue autonomously" == _stored(sd, "q6")

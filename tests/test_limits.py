@@ -48,19 +48,19 @@ def waiting_session(ws, reset: float):
 
 def recorded_attempts(ws, sid: str, task: str = "t1") -> list[str]:
     """The outcomes the engine recorded for the task's attempts (one per attempt spent)."""
-    from session_store import load
+    from ralph.session_store import load
     return load(str(ws), sid).iteration(1).load().task_progress(task).attempts
 
 
 def test_a_limit_is_waited_out_and_the_same_step_retried_with_nothing_spent(tmp_path):
-    """The one real wait of a limit (5 s from the start): its wiring through the real
+    """The one real wait of a limit (10 s from the start): its wiring through the real
     `ralph` and its agent (what status and list say meanwhile, the conversation continued
     after it). The wait's logic (kill -9 during it, a pause, resume --now, no reset said,
     the cap, on_limit: pause) is on the frozen clock: test_deadlines.py."""
     ws = tmp_path
     # the start and the planner's run come first: the wait left is what a loaded machine
     # needs to ask the three views below at once
-    reset = time.time() + 5
+    reset = time.time() + 10
     proc, sd, waiting = waiting_session(ws, reset)
     # status and list say it, with the agent and the time
     views = [spawn(ws, *args) for args in (("session", "status", "s"), ("session", "list"),
@@ -104,7 +104,7 @@ def test_on_limit_switch_runs_the_step_on_the_fallback_until_the_reset(tmp_path)
                                         "payload": EVIDENCE + ", by: fallback"}]}, *DONE]}))
     steps = [plan("t1", "t2"), limited_executor(time.time() + 3600), *DONE]
     config = {"agent": {"on_limit": "switch", "limit_fallback": {
-        "backend": "command", "command": [sys.executable, "-P", "-m", "engine.demo_agent",
+        "backend": "command", "command": [sys.executable, "-P", "-m", "ralph.engine.demo_agent",
                                           "--script", str(fallback_script)]}}}
     done = start(ws, steps, config=config, wait=True)
     sd = only_session(ws)
@@ -127,7 +127,9 @@ def test_kill_at_every_write_around_a_limit_then_resume_waits_and_completes(tmp_
     import _crashkit as kit
 
     def run(ws: Path, **env) -> subprocess.CompletedProcess:
-        steps = [plan("t1"), limited_executor(time.time() + 2), *DONE]
+        # the limit must still hold when the executor runs, after the start and the
+        # planner's run (seconds on a loaded machine)
+        steps = [plan("t1"), limited_executor(time.time() + 5), *DONE]
         demo_config(ws, steps)
         return subprocess.run(RALPH + ["session", "start", "objective", "--id", "s"], cwd=ws,
                               env=kit.cached_bytecode(base_env(**env)), capture_output=True,

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from engine.agents.presets import Claude, Codex, Gemini, McpServer, RunEnd, RunSetup
+from ralph.engine.agents.presets import Claude, Codex, Gemini, McpServer, RunEnd, RunSetup
 from support.agents import Rig
 from support.model_server import Brain, Say, Shell, Turn
 
@@ -464,8 +464,9 @@ def test_real_gemini_limit_with_a_delay_then_resume(rigs, tmp_path, monkeypatch)
     done, first = run_cli(rig, Gemini(), PROMPT, tmp=tmp_path)
     assert done.returncode == 173 and rig.server.refused >= 1
     limit = Gemini().limit(first)
-    # it says a delay, not a time: the reset is a few seconds off at most
-    assert abs(limit.until - datetime.fromtimestamp(reset[0], UTC)) < timedelta(seconds=5)
+    # it says a delay, not a time: the reset is off by the time the CLI took to end after
+    # it (seconds on a loaded machine), never by the delay itself
+    assert abs(limit.until - datetime.fromtimestamp(reset[0], UTC)) < timedelta(seconds=30)
     session = Gemini().conversation(first)
     assert session
     rig.server.lift()   # the limit is over (400 s early)

@@ -6,11 +6,11 @@ from datetime import datetime, timezone
 import pytest
 from transitions import MachineError
 
-from engine.clock import SystemClock
-from engine.machine import ACTIVE, TRANSITIONS, TRIGGERS, Hook, SessionMachine, allowed
-from engine.tracker import Tracker
-from session_store import PauseKind, create
-from states import Next, State, Trigger
+from ralph.engine.clock import SystemClock
+from ralph.engine.machine import ACTIVE, TRANSITIONS, TRIGGERS, Hook, SessionMachine, allowed
+from ralph.engine.tracker import Tracker
+from ralph.session_store import PauseKind, create
+from ralph.states import Next, State, Trigger
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from session_store import Attempt, BadInput, PlannedTask, load, progress
+from ralph.session_store import Attempt, BadInput, PlannedTask, load, progress
 from support import progress_markers, progress_view_markers, session_dir
 from support.engines import engine_for
 from support.recording import SUCCEED, RecordingAgent

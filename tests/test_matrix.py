@@ -83,7 +83,7 @@ from _crashkit import KILLED, Write
 from _planes import FilePlane, Plane, StorePlane, database_url
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, ralph, write_config,
                      write_scenario)
-from session_store import BadInput, DiskFault, questions
+from ralph.session_store import BadInput, DiskFault, questions
 
 SID = "matrix"
 OBJECTIVE = "Build a key-value store with a CLI"

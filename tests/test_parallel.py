@@ -31,7 +31,7 @@ prompt = sys.stdin.read()
 
 
 def ralph(*args):
-    subprocess.run([sys.executable, "-m", "engine", *args], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "ralph.engine", *args], check=True, timeout=60)
 
 
 if role == "planner":
@@ -243,7 +243,7 @@ def test_parallel_outside_git_is_refused_in_one_line(tmp_path):
 def test_a_sandboxed_cli_in_a_worktree_may_write_the_work_area_too():
     """Codex confines its commands to the directory it runs in: in a lane's worktree, its
     tools (`ralph emit`) must still reach the session's work area, in the workspace."""
-    from engine.agents.presets import Codex, RunSetup
+    from ralph.engine.agents.presets import Codex, RunSetup
     work = "/ws/.ralph-sessions/s"
     lane = RunSetup(log_base=f"{work}/logs/1-executor", work_dir=work, ask_timeout_seconds=60,
                     tree="/state/worktrees/s/t1")

@@ -16,11 +16,11 @@ from datetime import timedelta
 
 import pytest
 
-from engine.attempts import run_until_outcome
-from engine.mailbox import Mailbox, Mode, Rerun
-from session_store import PauseKind, PlannedTask, State, questions, signals
-from states import Next, Trigger
-from states.context import RoleRun, Streaks
+from ralph.engine.attempts import run_until_outcome
+from ralph.engine.mailbox import Mailbox, Mode, Rerun
+from ralph.session_store import PauseKind, PlannedTask, State, questions, signals
+from ralph.states import Next, Trigger
+from ralph.states.context import RoleRun, Streaks
 from support import EVIDENCE, REVIEW_OK, events, metadata, signal_files, taken_marks, topics
 from support.engines import config, engine_for
 from support.recording import SUCCEED, RecordingAgent
@@ -492,8 +492,8 @@ def test_a_whole_session_in_process(session, clock):
 def test_a_state_reads_an_iteration_it_cannot_change(tmp_path):
     from datetime import datetime, timezone
 
-    from session_store import Iteration
-    from states.context import IterationView
+    from ralph.session_store import Iteration
+    from ralph.states.context import IterationView
     it = Iteration(str(tmp_path), 1)
     it.make_work_dirs()
     meta = it.start(datetime(2026, 1, 1, tzinfo=timezone.utc))

@@ -15,7 +15,7 @@ NOW = datetime(2026, 11, 27, 12, 0, tzinfo=timezone.utc)
 
 
 def _open_store(url: str, barrier, results) -> None:
-    from session_store.postgres import database
+    from ralph.session_store.postgres import database
     barrier.wait()
     try:
         database(url)
@@ -47,7 +47,7 @@ def test_many_processes_opening_a_new_database_migrate_it_once(postgres_url):
 
 
 def test_a_schema_newer_than_this_ralph_is_refused(postgres_url, tmp_path):
-    from session_store.postgres import database
+    from ralph.session_store.postgres import database
     database(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute("INSERT INTO ralph_schema (version) VALUES (99)")
@@ -75,7 +75,7 @@ def test_a_wrong_url_or_a_refused_password_is_one_line_at_once_without_the_passw
 
 def test_a_bad_metadata_row_is_refused_in_one_line_and_left_as_it_is(postgres_url, tmp_path,
                                                                       monkeypatch):
-    import session_store
+    from ralph import session_store
     monkeypatch.setenv("RALPH_STORE_URL", postgres_url)
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -19,12 +19,12 @@ import pytest
 from support import (DONE, EVIDENCE, REVIEW_OK, base_env, events, finish, metadata, plan, ralph,
                      run_logs, session_dir, spawn, start, topics, wait_for, write_config)
 
-from engine.agents.preset import RunEnd
-from engine.agents.presets import Claude, Codex
-from engine.agents.quota_readers import claude_quota
-from engine.config_types import Quota
-from engine.quota import blocking, share
-from session_store import QuotaReading
+from ralph.engine.agents.preset import RunEnd
+from ralph.engine.agents.presets import Claude, Codex
+from ralph.engine.agents.quota_readers import claude_quota
+from ralph.engine.config_types import Quota
+from ralph.engine.quota import blocking, share
+from ralph.session_store import QuotaReading
 from test_store_contract import store  # noqa: F401  (the fixture: both backends)
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
@@ -282,7 +282,7 @@ def test_a_reading_is_recorded_for_the_runs_own_account_only(tmp_path):
     steps = [{**plan("t1"), "stdout": line}, *steps_at(10, reset)[1:]]
     done = start(tmp_path, steps, config=account_config(tmp_path), wait=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    from session_store import load, state_root
+    from ralph.session_store import load, state_root
     session = load(str(tmp_path), "s")
     accounts = sorted(os.listdir(os.path.join(state_root(), "accounts")))
     assert f"acct-{tmp_path.name}.json" in accounts
@@ -414,7 +414,7 @@ def test_a_fleet_on_one_account_shares_the_reading_through_postgresql(tmp_path, 
     for name, value in (("RALPH_STORE_URL", postgres_url),
                         ("RALPH_STATE_DIR", str(tmp_path / "state-b")), ("RALPH_MACHINE", "b")):
         monkeypatch.setenv(name, value)
-    from session_store import load
+    from ralph.session_store import load
     session = load(str(b), "sb")
     said = session.events_after(0)
     reached = next(e["payload"] for e in said if e["topic"] == "limit.reached")

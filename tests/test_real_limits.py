@@ -89,7 +89,7 @@ def rigs(tmp_path):
 
 
 def recorded_attempts(r: Rig, task: str = "t1") -> list[str]:
-    from session_store import load
+    from ralph.session_store import load
     return load(str(r.ws), "real").iteration(1).load().task_progress(task).attempts
 
 

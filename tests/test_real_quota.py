@@ -109,7 +109,7 @@ def assert_paced_with_nothing_spent(r: Rig, brain: WindowAt95) -> None:
     reached = next(e["payload"] for e in events(sd) if e["topic"] == "limit.reached")
     assert reached["role"] == "reviewer" and reached["quota"]["percent"] == 95, reached
     assert r.server.refused == 0   # no request met a hard limit: it was never reached
-    from session_store import load
+    from ralph.session_store import load
     assert load(str(r.ws), "real").iteration(1).load().task_progress("t1").attempts == \
         ["done"]
     m = metadata(sd)

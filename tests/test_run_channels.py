@@ -67,7 +67,7 @@ work, own = os.environ["RALPH_SESSION_DIR"], os.environ["RALPH_RUN_ID"]
 
 
 def ralph(*args):
-    subprocess.run([sys.executable, "-m", "engine", *args], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "ralph.engine", *args], check=True, timeout=60)
 
 
 def header(path):
@@ -173,7 +173,7 @@ def test_a_lane_cannot_report_the_other_lanes_outcome(tmp_path):
 
 SANDBOX = r'''
 import os, sys
-from session_store import run_inbox   # what the sandbox mounts read-only
+from ralph.session_store import run_inbox   # what the sandbox mounts read-only
 
 work, run, ws = (os.environ[k] for k in ("RALPH_SESSION_DIR", "RALPH_RUN_ID",
                                           "RALPH_WORKSPACE"))
@@ -350,8 +350,8 @@ def test_a_reply_file_planted_in_a_runs_inbox_is_set_aside(workspace):
     """A directory (with a file in it) and a FIFO planted at the names of the run's
     replies to come: each reply lands whole, as a file, the directory set aside and
     recorded, the FIFO replaced; the engine goes on."""
-    from engine.inlet import Inlet, RunInfo
-    from session_store import acquire_lock, outbox
+    from ralph.engine.inlet import Inlet, RunInfo
+    from ralph.session_store import acquire_lock, outbox
     session = new_session(workspace, sid="r")
     lease = acquire_lock(session.dir, session.id)
     inlet = Inlet(session, max_bytes=1 << 20, on_ask=lambda *_: {"refused": "no desk"},
@@ -386,7 +386,7 @@ READ_BYTES = """
 import atexit, sys
 out = sys.argv.pop(1)   # where the bytes this process read (read, pread) are said at its exit
 atexit.register(lambda: open(out, "w").write(open("/proc/self/io").read()))
-from engine.entry import main
+from ralph.engine.entry import main
 main()
 """
 
@@ -413,7 +413,7 @@ def test_a_resume_reads_no_history(workspace, tmp_path, monkeypatch):
     paused on their limit, one with 100,000 more events on its bus after its last outbox
     record (appended through the store while its last run was open, its outcome taken):
     the resume of each reads about as many bytes; the history's MBs are not read."""
-    from session_store import append_event
+    from ralph.session_store import append_event
     script_agent(workspace, "", {"RObot": {"timeout_seconds": 5}})
     agent = (workspace / "agent.py").read_text()
     reviewed = f'    ralph("emit", "review.done", {REVIEW_OK!r})\n'
@@ -429,7 +429,7 @@ def test_a_resume_reads_no_history(workspace, tmp_path, monkeypatch):
         wait_for((workspace / "history.long.held").exists, timeout=60)
         wait_for(lambda: "review.done" in [e["topic"] for e in events(sd)])
         before = (sd / "events.jsonl").stat().st_size
-        monkeypatch.setattr("session_store._events.fsync", lambda fd: None)   # 2 ms each
+        monkeypatch.setattr("ralph.session_store._events.fsync", lambda fd: None)   # 2 ms each
         for n in range(100_000):
             append_event(str(sd), "agent.note", f"note {n}: what the agent saw at this step",
                          source="executor")
@@ -448,7 +448,7 @@ def test_the_once_index_is_only_a_cache_of_the_bus(workspace, damage):
     """The once-keys an engine's start takes from the index beside the bus: lost, torn,
     claiming more than the bus holds, or with a stretch missing, the keys are read from
     the bus again; no record is ever made twice, and each key stays done."""
-    from session_store import load
+    from ralph.session_store import load
     session = new_session(workspace, sid="o")
     assert session.once("first", "t") and session.once("second", "t")
     session.once("third", "t")   # its catch-up indexes the first two

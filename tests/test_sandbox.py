@@ -270,7 +270,7 @@ def test_pause_gives_a_sandboxed_child_its_grace_and_leaves_nothing(workspace):
     code, out, err = finish(proc)
     assert code == 3, out + err
     assert (workspace / "term.txt").read_text() == f"saved after {int(signal.SIGTERM)}"
-    from engine.containment import find
+    from ralph.engine.containment import find
     assert not find(str(work_dir(only_session(workspace))))
 
 
@@ -278,7 +278,7 @@ def test_a_clis_own_folder_is_made_before_its_first_run(tmp_path, home):
     """A CLI keeps its conversations in its folder (Claude Code's ~/.claude/projects): a
     home without one yet gets it before the run, bound writable, so the next run can
     continue the conversation (`--resume` after a usage limit's wait)."""
-    from engine.agents.sandbox import Sandbox
+    from ralph.engine.agents.sandbox import Sandbox
     ws = tmp_path / "ws"
     ws.mkdir()
     moved = home / "codex-elsewhere"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents.sandbox import Sandbox
+from ralph.engine.agents.sandbox import Sandbox
 
 
 @pytest.fixture

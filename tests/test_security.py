@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from session_store import control_root
+from ralph.session_store import control_root
 from support import (EVIDENCE, FAST, base_env, metadata, ralph, session_dir, spawn, wait_for,
                      work_dir, write_config, write_scenario)
 from fake_telegram import FakeTelegram
@@ -141,7 +141,7 @@ ENV_DUMP = textwrap.dedent('''
     import os, sys
     # an agent that shows the engine's environment to whoever reads its log
     print("ENV " + repr(sorted(os.environ.items())), flush=True)
-    os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+    os.execv(sys.executable, [sys.executable, "-m", "ralph.engine.demo_agent", "--script", sys.argv[1]])
 ''')
 
 
@@ -373,7 +373,7 @@ HOSTILE = textwrap.dedent('''
         while not (ws / "go").exists():
             time.sleep(0.02)   # poll: until the test says go
         sys.exit(0)   # emits nothing: the task's next attempt runs
-    os.execv(sys.executable, [sys.executable, "-m", "engine.demo_agent", "--script", sys.argv[1]])
+    os.execv(sys.executable, [sys.executable, "-m", "ralph.engine.demo_agent", "--script", sys.argv[1]])
 ''')
 
 

@@ -13,10 +13,10 @@ import yaml
 from support import (EVIDENCE, FAST, base_env, events, finish, held, metadata, only_session,
                      progress_markers, ralph, recorded, run_logs, script_agent, session_dir,
                      session_dirs, spawn, wait_for, work_dir, write_config, write_scenario)
-from engine.machine import allowed
-from states import State
+from ralph.engine.machine import allowed
+from ralph.states import State
 
-EMIT = f"{sys.executable} -m engine emit"
+EMIT = f"{sys.executable} -m ralph.engine emit"
 
 
 def transitions_of(session_dir: Path) -> list[dict]:
@@ -129,7 +129,7 @@ def test_prompt_as_argument_and_as_file(workspace):
             assert text.startswith("## OBJECTIVE"), text[:80]
             role = os.environ["RALPH_ROLE"]
             def emit(*a):
-                subprocess.run([sys.executable, "-m", "engine", "emit", *a], check=True)
+                subprocess.run([sys.executable, "-m", "ralph.engine", "emit", *a], check=True)
             if role == "planner":
                 if os.environ["RALPH_ITERATION"] == "1":
                     emit("plan.ready", "--json", '{{"tasks": [{{"id": "t", "title": "T"}}]}}')
@@ -376,7 +376,7 @@ def test_every_argument_has_help_and_help_lists_the_exit_codes(workspace):
     (issue 33: the table once, not in every command's help)."""
     import argparse
 
-    from engine.cli.parser import build_parser
+    from ralph.engine.cli.parser import build_parser
 
     def walk(parser, name):
         yield name, parser

@@ -41,16 +41,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.prompt import build as build_prompt
+from ralph.engine.prompt import build as build_prompt
 from support import (EVIDENCE, FAST, REVIEW_OK, base_env, finish, metadata, only_session,
                      progress_markers, ralph, session_dir, signal_file, signal_files, spawn, transitions,
                      wait_for, work_dir, write_config, write_scenario)
-from session_store import BadInput, signals
+from ralph.session_store import BadInput, signals
 
 
 AGENT = textwrap.dedent('''
     import json, os, subprocess, sys, time
-    from engine import demo_agent
+    from ralph.engine import demo_agent
 
     def main():
         prompt = sys.stdin.read()
@@ -70,7 +70,7 @@ AGENT = textwrap.dedent('''
         step = demo_agent.find_step(demo_agent.load_scenario(sys.argv[1]), names)
         if step is None:
             return 0
-        ralph = [sys.executable, "-m", "engine"]
+        ralph = [sys.executable, "-m", "ralph.engine"]
 
         def ask_humans(name, request):   # served outside this run; False: it failed
             drops = os.path.join(ws, ".drops")
@@ -635,7 +635,7 @@ def test_signal_cli_refusals(workspace):
 def _drop_many(session_dir: str, worker: int, count: int, out: str) -> None:
     from datetime import datetime, timezone
 
-    from session_store import signals
+    from ralph.session_store import signals
     names = [signals.drop(session_dir, "INFO", f"w{worker}-{i}", now=datetime.now(timezone.utc))
              for i in range(count)]
     Path(out).write_text("\n".join(names))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from support import REPO, base_env, ralph
-from session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
+from ralph.session_store import (BadInput, SessionLocked, acquire_lock, append_event, create, load,
                            read_events, running_pid)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
@@ -65,8 +65,8 @@ def test_create_refuses_an_existing_or_bad_id(workspace):
 def test_typed_refusals_are_bad_input_with_the_same_words(workspace):
     """Callers catch what happened (AlreadyAnswered, ...), never a message; every one is
     a BadInput (exit 2) whose one line is unchanged."""
-    import session_store
-    from session_store import (AlreadyAnswered, QuestionCancelled, UnknownQuestion,
+    from ralph import session_store
+    from ralph.session_store import (AlreadyAnswered, QuestionCancelled, UnknownQuestion,
                                UnknownSession, questions)
     for error in (AlreadyAnswered, QuestionCancelled, UnknownQuestion, UnknownSession):
         assert issubclass(error, BadInput) and error.__name__ in session_store.__all__
@@ -111,7 +111,7 @@ def test_sessions_let_go_keep_no_descriptor_open(workspace):
 
 
 def _make_work_area(ws: str, sid: str, go) -> None:
-    from session_store import WorkArea
+    from ralph.session_store import WorkArea
     go.wait()
     WorkArea(os.path.join(ws, ".ralph-sessions", sid)).write("scratchpad.md", sid)
 

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 import pytest
 
 from support import REPO
-import session_store
-from session_store import create, load
-from session_store._events import complete_size   # the file backend's own (FileStore)
+from ralph import session_store
+from ralph.session_store import create, load
+from ralph.session_store._events import complete_size   # the file backend's own (FileStore)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
@@ -254,7 +254,7 @@ def test_concurrent_processes_one_wins_each_key(store):
 CHILD = r"""
 import json, os, signal, sys
 spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-from session_store import _events, load
+from ralph.session_store import _events, load
 
 def die(*_args, **_kwargs):
     sys.stdout.flush()
@@ -292,7 +292,7 @@ print(session.once(key, "killed", {"point": point}))
 PG_CHILD = r"""
 import json, os, signal, sys
 spec, key, point = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-from session_store.postgres import _db, _sessions
+from ralph.session_store.postgres import _db, _sessions
 
 def die(*_args, **_kwargs):
     sys.stdout.flush()
@@ -449,7 +449,7 @@ def test_metadata_is_saved_only_over_the_revision_read(store):
 # --- questions, signals and the run's lease: verbs of the handle, no path above it ---
 
 def test_a_question_is_asked_answered_once_and_resolved_through_the_handle(store):
-    from session_store import AlreadyAnswered, questions
+    from ralph.session_store import AlreadyAnswered, questions
     Question, QuestionStatus = questions.Question, questions.QuestionStatus
     session = store.new("s1")
     asked = session.questions

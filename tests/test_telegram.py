@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from session_store import sessions_root
+from ralph.session_store import sessions_root
 from support import (DONE, EVIDENCE, base_env, events, finish, metadata, plan, prompts, ralph,
                      session_dir, session_dirs, spawn, wait_for, work_dir, write_config,
                      write_scenario)
@@ -96,8 +96,8 @@ def test_enabled_without_token_or_chats_is_refused(workspace, fake):
 
 
 def test_settings_precedence_and_repr():
-    from engine import config as cfg
-    from engine.channels import telegram
+    from ralph.engine import config as cfg
+    from ralph.engine.channels import telegram
     config = cfg.parse("RObot: {enabled: true, telegram: {bot_token: 'c:fromconfig', "
                        "api_url: 'http://config.example/', allowed_chat_ids: [5]}}\n", "x")
     s = telegram.settings(config, environ={})

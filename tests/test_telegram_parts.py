@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.channels.telegram import router
-from engine.channels.telegram.router import (Answer, Command, Guidance, Ignore, Replied, Say,
+from ralph.engine.channels.telegram import router
+from ralph.engine.channels.telegram.router import (Answer, Command, Guidance, Ignore, Replied, Say,
                                              route)
 from fake_telegram import FakeTelegram
-from session_store import (ChannelFiles, Sessions, append_event, create, load, questions,
+from ralph.session_store import (ChannelFiles, Sessions, append_event, create, load, questions,
                            sessions_root, signals)
 
 TOKEN = "123456:PARTS-MARKER-TOKEN"
@@ -79,7 +79,7 @@ def test_route(chat, text, replied, expected):
 
 
 def test_every_routed_command_has_a_handler():
-    from engine.channels.telegram.commands import Commands
+    from ralph.engine.channels.telegram.commands import Commands
     for name in router.COMMANDS:
         assert callable(getattr(Commands, "help" if name == "start" else name))
 
@@ -94,10 +94,10 @@ def _ask(session_dir: str, session: str, qid: str, text: str) -> None:
 
 
 def test_outbox_wakes_on_changes_and_looks_only_there(tmp_path):
-    from engine.channels.telegram.outbox import Outbox
-    from engine.channels.telegram.settings import Log
-    from engine.channels.telegram.state import BotState
-    from engine.channels.telegram.transport import Transport
+    from ralph.engine.channels.telegram.outbox import Outbox
+    from ralph.engine.channels.telegram.settings import Log
+    from ralph.engine.channels.telegram.state import BotState
+    from ralph.engine.channels.telegram.transport import Transport
     ws = str(tmp_path)
     dirs = {sid: create(ws, f"objective {sid}", now=now(), session_id=sid).dir for sid in "AB"}
     state_file = Path(sessions_root(ws)) / ".telegram/state.yaml"   # where the bot keeps it
@@ -216,10 +216,10 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
     round: the channel gives up on it just before, at or after the waiter's own deadline.
     The question always ends timed_out and stays so, the asker is told so, and a late
     answer to it reaches the next prompt as guidance."""
-    from engine.config import Config
-    from engine.driver import Engine
-    from engine.inlet import RunInfo
-    from session_store import outbox
+    from ralph.engine.config import Config
+    from ralph.engine.driver import Engine
+    from ralph.engine.inlet import RunInfo
+    from ralph.session_store import outbox
     ws = str(tmp_path)
     sdir = create(ws, "race", now=now(), session_id="r").dir
     engine = Engine(load(ws, "r"), Config(), agent_for=lambda role: None, out=io.StringIO())
@@ -297,8 +297,8 @@ ANSWER_REPLIES = [
 @pytest.mark.parametrize("before, text, reply", [row[1:] for row in ANSWER_REPLIES],
                          ids=[row[0] for row in ANSWER_REPLIES])
 def test_a_reply_to_a_question(tmp_path, before, text, reply):
-    from engine.channels.telegram.commands import Commands
-    from engine.channels.telegram.settings import Log
+    from ralph.engine.channels.telegram.commands import Commands
+    from ralph.engine.channels.telegram.settings import Log
     ws = str(tmp_path)
     sdir = create(ws, "objective", now=now(), session_id="A").dir
     _ask(sdir, "A", "q1", "Which database?")

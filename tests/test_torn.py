@@ -24,11 +24,11 @@ import pytest
 import yaml
 
 import _crashkit as kit
-import session_store
+from ralph import session_store
 from _crashkit import KILLED
 from support import (EVIDENCE, FAST, base_env, metadata, ralph, signal_file, spawn, wait_for,
                      write_config, write_scenario)
-from session_store import questions, read_events, signals
+from ralph.session_store import questions, read_events, signals
 
 SID = "torn"
 OBJECTIVE = "Tear the bus"
@@ -160,10 +160,10 @@ def resume_forked(workspaces: list[Path], workers: int = kit.WORKERS) -> dict[Pa
     this one (which has the engine imported already: a resume that only has to finish a
     session then costs milliseconds, not an interpreter's start). {ws: (exit code, output)}.
     The forks are made from this thread alone, with no other thread running."""
-    import engine.cli  # noqa: F401 - imported here, once, for the children
-    import engine.config  # noqa: F401
-    import engine.driver  # noqa: F401
-    import states.complete  # noqa: F401
+    import ralph.engine.cli  # noqa: F401 - imported here, once, for the children
+    import ralph.engine.config  # noqa: F401
+    import ralph.engine.driver  # noqa: F401
+    import ralph.states.complete  # noqa: F401
     import watchdog.observers  # noqa: F401
     import watchdog.observers.polling  # noqa: F401
     env = base_env(**FAST)
@@ -186,7 +186,7 @@ def resume_forked(workspaces: list[Path], workers: int = kit.WORKERS) -> dict[Pa
                     os.chdir(ws)
                     os.environ.clear()
                     os.environ.update(env)
-                    code = engine.cli.main(["session", "resume", SID])
+                    code = ralph.engine.cli.main(["session", "resume", SID])
                 except BaseException:  # noqa: BLE001 - the parent reads it in the output
                     import traceback
                     traceback.print_exc()

@@ -110,7 +110,7 @@ def test_ids_and_names_from_urls_never_leave_the_workspace(workspace, tmp_path, 
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
 
-    from session_store import control_root, work_root
+    from ralph.session_store import control_root, work_root
     session = store_session(workspace)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -264,7 +264,7 @@ def test_answers_from_the_page_follow_the_cli_rules(workspace, web):
         assert c.post(answer.format(first), content=b"{not json",
                       headers={"Content-Type": "application/json"}).status_code == 400
         assert c.post(answer.format(first), json=["a list"]).status_code == 400
-    from session_store import questions
+    from ralph.session_store import questions
     assert questions.read_answer(session.dir, first).text == "postgres"
     assert questions.read_answer(session.dir, first).channel == "web"
 
@@ -272,7 +272,7 @@ def test_answers_from_the_page_follow_the_cli_rules(workspace, web):
 def test_the_list_puts_who_waits_on_a_human_first_with_how_many_and_how_long(workspace, web):
     """Sessions with pending questions lead, the longest wait first; each says how many
     questions wait and since when the oldest has; an answered question no longer counts."""
-    from session_store import questions
+    from ralph.session_store import questions
     store_session(workspace, "quiet")
     recent, long_ago = store_session(workspace, "recent"), store_session(workspace, "long-ago")
     ask(long_ago, "Which database?", minutes_ago=12)
@@ -356,7 +356,7 @@ def test_a_body_past_the_limit_is_refused_as_it_streams(workspace, web):
 
 
 def test_signals_from_the_page_are_checked_like_the_cli(workspace, web):
-    import session_store
+    from ralph import session_store
     session = store_session(workspace)
     finished = store_session(workspace, "done1")
     finished.metadata.status = session_store.Status.COMPLETED
@@ -387,7 +387,7 @@ def test_signals_from_the_page_are_checked_like_the_cli(workspace, web):
 
 
 def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
-    from session_store import sessions_root
+    from ralph.session_store import sessions_root
     scenario = write_scenario(workspace, TWO_ITERATIONS)
     write_config(workspace, {"agent": {"backend": "demo", "script": str(scenario)}})
     first = ralph(workspace, "session", "start", "two iterations", "--id", SID,
@@ -413,7 +413,7 @@ def test_resume_from_the_page_starts_an_engine_of_its_own(workspace, web):
 def test_web_is_off_the_path_of_every_other_command():
     code = ("import sys, engine.cli.parser, engine.cli.workspace; "
             "print([m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn') "
-            "or m.startswith('engine.channels')])")
+            "or m.startswith('ralph.engine.channels')])")
     out = subprocess.run([sys.executable, "-c", code], env=base_env(), capture_output=True,
                          text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0 and out.stdout.strip() == "[]", out

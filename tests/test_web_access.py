@@ -22,7 +22,7 @@ PAGES = ("/", f"/s/{SID}", "/static/app.js", "/static/session.js", "/static/util
 
 
 def _nothing_changed(session, qid: str, bus: list[dict]) -> None:
-    from session_store import questions
+    from ralph.session_store import questions
     assert signal_files(session.dir, "inputs") == {}
     assert questions.read_answer(session.dir, qid) is None
     assert metadata(session.dir)["status"] == "active"

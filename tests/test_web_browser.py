@@ -19,7 +19,7 @@ import shutil
 import pytest
 
 from _web import WebServer, stop_engine_of
-from engine.diagram import VISITED
+from ralph.engine.diagram import VISITED
 from conftest import ARTIFACTS, artifacts_dir
 from support import (EVIDENCE, base_env, metadata, session_dir, spawn, wait_for,
                      write_config, write_scenario)
@@ -107,7 +107,7 @@ def diagram_state(page, state: str, timeout: float = 30000) -> None:
 
 @pytest.mark.slow
 def test_an_operator_runs_a_session_from_the_browser(workspace, browser, shot):
-    from session_store import questions
+    from ralph.session_store import questions
     sd = session_dir(workspace, SID)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors = []
@@ -291,7 +291,7 @@ def test_the_page_shows_control_and_bidi_characters_as_escapes(workspace, browse
     overrides: the page shows them as escapes ("\\u202e"), never as characters that
     reorder what the operator reads."""
     from _web import ask, store_session
-    from session_store import append_event
+    from ralph.session_store import append_event
     from support.hostile import ESCAPES, raw_controls
     session = store_session(workspace)
     append_event(session.dir, "human.progress", f"tests pass{ESCAPES}", source="executor")
@@ -322,9 +322,9 @@ def test_the_list_says_who_waits_on_a_human_and_the_tab_counts_them(workspace, b
     """Sessions waiting on a human lead the list, marked with how many questions wait and
     for how long; the tab's title counts them, live: a session asking elsewhere adds one,
     an answer takes one away."""
-    import session_store
+    from ralph import session_store
     from _web import ask, now
-    from session_store import questions
+    from ralph.session_store import questions
 
     def session(sid: str, objective: str):
         return session_store.create(str(workspace), objective, now=now(), session_id=sid)
@@ -416,7 +416,7 @@ def test_a_fleets_page_says_where_each_session_runs(tmp_path, browser, shot, pos
     """On a fleet's store (issue 24) each row says its machine and workspace, and so
     does the session's page: where it runs, and where it is resumed."""
     from _web import now
-    import session_store
+    from ralph import session_store
     spaces = {}
     for machine in ("alpha", "beta"):
         ws = tmp_path / machine / "ws"

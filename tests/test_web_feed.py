@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from _web import SID, WebServer, ask, client, now, peak_rss, store_session
-from engine.channels.web.feed import KEEPALIVE
+from ralph.engine.channels.web.feed import KEEPALIVE
 from support import ralph, wait_for
 
 
@@ -65,7 +65,7 @@ class Stream:
 
 
 def test_the_live_feed_follows_file_changes(workspace, web):
-    from session_store import append_event, signals
+    from ralph.session_store import append_event, signals
     session = store_session(workspace)
     server = web()
     one = Stream(server, f"/api/sessions/{SID}/stream")
@@ -100,7 +100,7 @@ def test_a_workspace_without_sessions_yet_is_followed_from_its_first(workspace, 
     """Its sessions' control root (in the state directory) is made with the first session,
     and the work root (in the workspace) may be there already, e.g. left by an older ralph:
     each is seen made, and followed from then on (not at the next keepalive)."""
-    from session_store import control_root, work_root
+    from ralph.session_store import control_root, work_root
     assert not Path(control_root(str(workspace))).exists()
     Path(work_root(str(workspace))).mkdir()
     server = web()
@@ -167,7 +167,7 @@ def test_a_slow_reader_holds_back_its_own_stream_not_the_servers_memory(workspac
     16 KiB, straight through the store, as an agent with the bus in reach could): the
     server's peak memory grows by little, and each page, when it reads at last, is sent
     the events cut to a few kB, the newest of them, and told of the ones it missed."""
-    from session_store import append_event
+    from ralph.session_store import append_event
     session = store_session(workspace)
     server = web()
     path = f"/api/sessions/{SID}/stream"

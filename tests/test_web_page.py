@@ -43,7 +43,7 @@ def shot(request, tmp_path_factory):
 
 
 def make_session(ws: Path, sid: str, objective: str):
-    import session_store
+    from ralph import session_store
     return session_store.create(str(ws), objective, now=now(), session_id=sid)
 
 
@@ -133,9 +133,9 @@ def test_every_transition_of_the_table_is_on_the_picture_and_nothing_else():
     """The picture is drawn from the table: each (from, trigger, to) of every row is an
     edge of it (or of the frame of the active states); a step that is no transition of
     the table (a forged record) counts on no edge."""
-    from engine import diagram_svg
-    from engine.machine import TRANSITIONS
-    from session_store import State
+    from ralph.engine import diagram_svg
+    from ralph.engine.machine import TRANSITIONS
+    from ralph.session_store import State
     drawn = set(diagram_svg.edges())
     assert drawn == set(diagram_svg.EDGES)   # each placed, nothing placed in vain
     for t in TRANSITIONS:

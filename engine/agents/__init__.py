@@ -25,7 +25,7 @@ __all__ = ["preset_for", "CommandAgent", "Invocation", "Outcome", "RunReport", "
 
 def demo_argv(script: str | None) -> list[str]:
     # -P: the workspace (the cwd) is not on sys.path: an engine/ planted there never runs
-    argv = [sys.executable, "-P", "-m", "engine.demo_agent"]
+    argv = [sys.executable, "-P", "-m", "ralph.engine.demo_agent"]
     return argv + ["--script", script] if script else argv
 
 
@@ -70,4 +70,4 @@ def ralph_argv() -> list[str]:
     found = shutil.which("ralph")
     if found:
         return [os.path.abspath(found)]
-    return [sys.executable, "-P", "-m", "engine"]   # -P: not an engine/ of the workspace
+    return [sys.executable, "-P", "-m", "ralph.engine"]   # -P: not an engine/ of the workspace

@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 
-from session_store import WorkArea
+from ralph.session_store import WorkArea
 
 from .preset import ApprovalHook, RunSetup, as_dict, write_private
 

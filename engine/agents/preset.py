@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime
 
-from session_store import open_beneath
+from ralph.session_store import open_beneath
 
 from ..config import PromptMode
 

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import keep_bounded, open_beneath
+from ralph.session_store import keep_bounded, open_beneath
 
 from .. import containment, procfs, supervisor
 from ..config import PromptMode

@@ -7,7 +7,7 @@ from __future__ import annotations
 import glob
 import os
 
-from session_store import WINDOW_NAME
+from ralph.session_store import WINDOW_NAME
 
 from .preset import QuotaSeen, RunEnd, as_dict, json_lines
 from .resets import aware, epoch

@@ -168,7 +168,7 @@ class Sandbox:
 def check_config(config, workspace: str, source: str | None) -> None:
     """Only the human loosens the sandbox: `agent.sandbox: none` and `agent.writable` come
     from a config outside the workspace (an agent can rewrite the workspace's ralph.yml)."""
-    from session_store import BadInput
+    from ralph.session_store import BadInput
 
     from ..config import SandboxMode, outside_allowed
     if outside_allowed(workspace, source):

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         print(f"ralph: interrupted{_how_to_resume(args)}", file=sys.stderr)
         return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
     except Exception as e:
-        from session_store import BadInput, DiskFault, UnknownSession
+        from ralph.session_store import BadInput, DiskFault, UnknownSession
 
         from ..safe_text import printable   # a file name or value an agent chose, escaped
         if isinstance(e, DiskFault):   # a one-shot command: nothing was left half-written

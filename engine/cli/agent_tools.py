@@ -9,7 +9,7 @@ from .common import EXIT_OK, EXIT_PAUSED, workspace
 
 def _work_dir(args) -> str:
     """The session's work area, where agents' tools talk to its engine."""
-    from session_store import BadInput
+    from ralph.session_store import BadInput
 
     from ..tools.emit import EmitError, session_dir
     os.environ.setdefault("RALPH_WORKSPACE", workspace(args))
@@ -41,7 +41,7 @@ def cmd_signals_poll(args) -> int:
     """For agents at their step boundaries: take the STEER/INFO meant for this role."""
     import json
 
-    from session_store import dump_yaml
+    from ralph.session_store import dump_yaml
 
     from ..tools.signals import poll
     result = poll(_work_dir(args), args.role or os.environ.get("RALPH_ROLE") or "")

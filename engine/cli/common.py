@@ -38,7 +38,7 @@ def channel_errors(config) -> list[str]:
     and `resume` refuse the same configs."""
     if not config.RObot.enabled:
         return []
-    from session_store import BadInput
+    from ralph.session_store import BadInput
 
     from ..channels.telegram import check   # cheap: the bot itself is not loaded
     try:
@@ -64,7 +64,7 @@ def shown_path(path: str) -> str:
 def session_id_of(args, newest_if_none_open: bool = False) -> str:
     """The session a command means (see resolve_id); the hint, when it cannot tell, in the
     syntax of this command: its ID argument, or its --session flag."""
-    from session_store import resolve_id
+    from ralph.session_store import resolve_id
     if hasattr(args, "session_id"):
         how = f"ralph session {args.session_command} ID"
         given = args.session_id
@@ -90,7 +90,7 @@ def nearest_session(args) -> str:
     ("; did you mean X?"), else the sessions it has."""
     import difflib
 
-    from session_store import list_ids
+    from ralph.session_store import list_ids
     given = getattr(args, "session_id", None) or getattr(args, "session", None) \
         or os.environ.get("RALPH_SESSION_ID")
     try:
@@ -108,7 +108,7 @@ def nearest_session(args) -> str:
 
 
 def open_session(args):
-    from session_store import BadInput, Status, load
+    from ralph.session_store import BadInput, Status, load
     ws = workspace(args)
     session = load(ws, session_id_of(args))
     if session.metadata.status in (Status.COMPLETED, Status.ABORTED):
@@ -118,7 +118,7 @@ def open_session(args):
 
 
 def bad(message: str):
-    from session_store import BadInput
+    from ralph.session_store import BadInput
     return BadInput(message)
 
 

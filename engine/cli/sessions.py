@@ -9,7 +9,7 @@ from .common import (EXIT_OK, bad, channel_errors, check_channels, config_file, 
 
 
 def cmd_start(args) -> int:
-    from session_store import ROLES, Limits, check_id, create, dump_yaml, new_session_id
+    from ralph.session_store import ROLES, Limits, check_id, create, dump_yaml, new_session_id
 
     from .. import config as cfg
     from ..config_started import check_approvals_as_started
@@ -128,7 +128,7 @@ def _git(verb, *args):
 def _session_branch(args):
     """(session, its workspace's repository, its GitInfo) for `diff` and `clean`; refused
     in one line where the session has no branch."""
-    from session_store import load
+    from ralph.session_store import load
 
     from ..workspace_git import WorkspaceGit
     ws = workspace(args)
@@ -141,7 +141,7 @@ def _session_branch(args):
 
 
 def cmd_diff(args) -> int:
-    from session_store import check_id
+    from ralph.session_store import check_id
 
     from ..workspace_git import commit_record
     session, repo, info = _session_branch(args)
@@ -165,7 +165,7 @@ def cmd_clean(args) -> int:
     if session.running_pid() is not None:
         raise bad(f"session {session.id} is running: stop it (ralph signal pause --session {session.id}) before "
                   f"removing its branch")
-    from session_store import worktree_root
+    from ralph.session_store import worktree_root
     lanes = _git(repo.clear_lanes, session.id, worktree_root(session.workspace, session.id))
     said = [f"removed {lanes} worktree(s) and lane branch(es)"] if lanes else []
     if _git(repo.has_branch, info):
@@ -176,7 +176,7 @@ def cmd_clean(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from session_store import load
+    from ralph.session_store import load
 
     from ..diagnostics import summary
     ws = workspace(args)
@@ -189,7 +189,7 @@ def _demo_mode(config, config_path: str | None) -> str | None:
     """When the demo agent plays (no model is called): what to say first, so it is never
     taken for a real run; and, for the built-in scenario, its promoted knowledge goes under
     .ralph-demo/ with its files (the config is changed so), not into the project's docs."""
-    from session_store import ROLES
+    from ralph.session_store import ROLES
 
     from ..config import Backend
     from ..demo_agent import DEMO_DIR
@@ -207,7 +207,7 @@ def _demo_mode(config, config_path: str | None) -> str | None:
 
 
 def cmd_resume(args) -> int:
-    from session_store import BadInput, Status, load
+    from ralph.session_store import BadInput, Status, load
 
     from .. import config as cfg
     human_only("session resume")
@@ -255,7 +255,7 @@ def _sandbox(config, args, ws: str, config_path: str | None):
     """(the sandbox this engine's runs and hooks get, the line that says so once the
     engine holds its session); None when the human said `none` (the flag, or a config
     outside the workspace). A sandbox that cannot be set up refuses the session (exit 2)."""
-    from session_store import state_root
+    from ralph.session_store import state_root
 
     from .. import config as cfg
     from ..agents import sandbox as sb
@@ -291,7 +291,7 @@ def _preflight(config) -> None:
 def preflight_problems(config) -> list[str]:
     """Why the enabled roles' agents cannot run here, one line each (the first role on an
     agent says it)."""
-    from session_store import ROLES
+    from ralph.session_store import ROLES
 
     from ..agents import preflight
     found: dict[str, None] = {}
@@ -349,7 +349,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_answer(args) -> int:
-    from session_store import BadInput, check_id, load
+    from ralph.session_store import BadInput, check_id, load
 
     from ..clock import SystemClock
     human_only("session answer")

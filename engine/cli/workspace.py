@@ -45,7 +45,7 @@ def cmd_diagram(args) -> int:
                                       session_id_of(args, newest_if_none_open=True))
     data = render(args.format, current, taken)
     if args.output:
-        from session_store import write_atomic
+        from ralph.session_store import write_atomic
         write_atomic(args.output, data, "diagram")
         print(f"wrote {args.output}")
     else:
@@ -77,7 +77,7 @@ def cmd_web(args) -> int:
 def cmd_init(args) -> int:
     from importlib import resources
 
-    from session_store import write_atomic
+    from ralph.session_store import write_atomic
     human_only("init")
     path = args.output or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if os.path.exists(path) and not args.force:

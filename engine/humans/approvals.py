@@ -20,7 +20,7 @@ import threading
 from datetime import timedelta
 from typing import Callable
 
-from session_store import BadInput, questions
+from ralph.session_store import BadInput, questions
 
 from ..config import ApprovalDefault
 from ..tools.approve import MAX_CALL, MAX_TOOL, Rule, decision_of

@@ -17,8 +17,8 @@ import os
 import re
 from collections import Counter
 
-from session_store import PauseKind
-from states import Next, Trigger
+from ralph.session_store import PauseKind
+from ralph.states import Next, Trigger
 
 from ..config import inside
 from ..event_schemas import validate_blocker

@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Callable
 
-from session_store import BadInput, PauseKind, progress, questions
-from states import Next, Trigger
+from ralph.session_store import BadInput, PauseKind, progress, questions
+from ralph.states import Next, Trigger
 
 from ..mailbox import Mode
 from ..safe_text import author, payload_text, printable

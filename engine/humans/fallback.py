@@ -15,9 +15,9 @@ import subprocess
 
 import attrs
 
-from session_store import Assessment, PauseKind, progress, unstructure
+from ralph.session_store import Assessment, PauseKind, progress, unstructure
 
-from states import Next, Trigger
+from ralph.states import Next, Trigger
 
 from ..event_schemas import validate_confidence
 

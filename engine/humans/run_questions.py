@@ -13,7 +13,7 @@ import threading
 from datetime import timedelta
 from typing import Callable
 
-from session_store import BadInput, questions
+from ralph.session_store import BadInput, questions
 
 Q = questions.QuestionStatus
 MAX_TEXT = 64 * 1024

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from session_store import LastTransitionRecord, State
-from states import Next
+from ralph.session_store import LastTransitionRecord, State
+from ralph.states import Next
 
 from .table import ACTIVE, TRANSITIONS, TRIGGERS, Hook, Transition, allowed, rows_for_transitions
 

@@ -4,7 +4,7 @@ happened through the tracker's intents (the tracker alone writes the session's m
 the transition's save persists it)."""
 from __future__ import annotations
 
-from session_store import PauseKind, Status, progress
+from ralph.session_store import PauseKind, Status, progress
 
 
 def next_iteration(tracker, nxt) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from typing import Callable, NamedTuple
 
-from session_store import State
-from states import Trigger
+from ralph.session_store import State
+from ralph.states import Trigger
 
 from . import effects
 

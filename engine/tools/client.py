@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from session_store import RunOver, outbox
+from ralph.session_store import RunOver, outbox
 
 from .emit import hidden_run, run_id
 

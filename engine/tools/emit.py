@@ -116,7 +116,7 @@ def publish(work_dir: str, topic: str, payload, run: str | None = None) -> str:
     written all the same, and the engine records it as refused. `run`: the run, where it
     is not this process's environment's (an in-process agent's). Outside every run (a
     human at a terminal) the event goes to the bus itself, as the CLI's."""
-    from session_store import RunOver, outbox
+    from ralph.session_store import RunOver, outbox
     run = run or run_id() or hidden_run()
     if run is None:
         return _publish_as_human(work_dir, topic, payload)
@@ -132,7 +132,7 @@ def _publish_as_human(work_dir: str, topic: str, payload) -> str:
     """A human's event: written by this process to the bus in the control plane, which
     agents do not reach, because the outbox, which they write, can vouch for no human.
     Taken only while an engine runs the session, as an agent's."""
-    from session_store import RunOver, load_work_area, outbox
+    from ralph.session_store import RunOver, load_work_area, outbox
     if not outbox.engine_alive(work_dir):
         raise RunOver(f"{topic} refused: no engine runs this session (it stopped or died)")
     return str(load_work_area(work_dir).append_event(topic, payload, source="cli")["seq"])
@@ -153,7 +153,7 @@ def run_id() -> str | None:
 
 def max_event_bytes(work_dir: str) -> int:
     """The cap the engine announced in the run's outbox's header, else the default."""
-    from session_store import outbox
+    from ralph.session_store import outbox
     run = run_id() or hidden_run()
     head = (outbox.header(work_dir, run) if run else None) or {}
     cap = head.get("max_event_bytes")
@@ -204,7 +204,7 @@ def session_dir(session_id: str | None = None) -> str:
         if not os.path.isdir(found):
             raise EmitError(f"RALPH_SESSION_DIR {found}: no such session directory")
         return os.path.abspath(found)   # its parts name the workspace and the session
-    from session_store import BadInput, load, resolve_id  # not on an agent's path
+    from ralph.session_store import BadInput, load, resolve_id  # not on an agent's path
     workspace = os.environ.get("RALPH_WORKSPACE", os.getcwd())
     try:
         return load(workspace, resolve_id(workspace, session_id)).work_dir
@@ -223,7 +223,7 @@ def progress_main(argv: list[str]) -> int:
     except EmitError as e:
         print(f"ralph: error: {e}", file=sys.stderr)
         return 2
-    from session_store import BadInput, DiskFault
+    from ralph.session_store import BadInput, DiskFault
     try:
         check("human.progress", argv[0], "MESSAGE", max_event_bytes(directory))
         publish(directory, "human.progress", argv[0])
@@ -243,7 +243,7 @@ def poll_when_empty(argv: list[str]) -> int | None:
     the mailbox, the usual case at an agent's step boundary: answered from a directory
     listing of the control plane (read-only: $RALPH_CONTROL_DIR, which the engine gives
     its runs). None when there is something to take (the engine does that, asked)."""
-    from session_store import ROLES, signals
+    from ralph.session_store import ROLES, signals
     try:
         argv, session_id = take_session(argv)
         own = os.environ.get("RALPH_ROLE") or ""
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
     except EmitError as e:
         print(f"ralph: error: {e}", file=sys.stderr)
         return 2
-    from session_store import BadInput, DiskFault
+    from ralph.session_store import BadInput, DiskFault
     try:
         topic, payload = parse_args(argv)
         check(topic, payload, "--json", max_event_bytes(directory))
@@ -298,7 +298,7 @@ def main(argv: list[str]) -> int:
 def report_refusal(work_dir: str, command: str, why: str, run: str | None = None) -> None:
     """What an agent tried and was refused is recorded (by the engine, as the run's): a
     line in the run's outbox, best effort. `run`: where the environment no longer says it."""
-    from session_store import BadInput, DiskFault, outbox
+    from ralph.session_store import BadInput, DiskFault, outbox
     run = run or run_id() or hidden_run()
     if run is None:   # a human at a terminal: told on stderr, nothing to record
         return

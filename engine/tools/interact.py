@@ -7,7 +7,7 @@ the agent's to handle (exit 3 and the default), not the engine's policy.
 """
 from __future__ import annotations
 
-from session_store import BadInput, shown
+from ralph.session_store import BadInput, shown
 
 from .client import Waiting, request
 

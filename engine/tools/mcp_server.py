@@ -23,7 +23,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Strict, ValidationError
 
-from session_store import BadInput, DiskFault, shown
+from ralph.session_store import BadInput, DiskFault, shown
 
 from ..version import version
 from .emit import EmitError, check, max_event_bytes, publish, report_refusal
@@ -188,7 +188,7 @@ def build(work_dir: str) -> MCPServer:
         return json.dumps(view, default=str)
 
     def iteration():
-        from session_store import load
+        from ralph.session_store import load
         return load(workspace, session_id).iteration()
 
     @server.resource("ralph://plan", mime_type="text/markdown",
@@ -204,7 +204,7 @@ def build(work_dir: str) -> MCPServer:
     @server.resource("ralph://scratchpad", mime_type="text/markdown",
                      description="The session's scratchpad: notes and human guidance.")
     def scratchpad() -> str:
-        from session_store import load
+        from ralph.session_store import load
         return load(workspace, session_id).scratchpad() or ""
 
     def stop(_signum, _frame) -> None:

@@ -3,7 +3,7 @@ boundaries, the STEER/INFO signals meant for its role; PAUSE/ABORT are the engin
 The engine takes them for it (the mailbox is the control plane's), as the run's role."""
 from __future__ import annotations
 
-from session_store import ROLES, BadInput
+from ralph.session_store import ROLES, BadInput
 
 from .client import request
 

@@ -101,7 +101,7 @@ class Rig:
 def processes_marked(work: Path) -> list[tuple[int, str]]:
     """Live processes carrying the run mark of the session whose work area is `work`
     (runs are marked with it): (pid, command line)."""
-    from engine.agents import containment
+    from ralph.engine.agents import containment
     found = []
     for pid in containment.find(str(work)):
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-RALPH = [sys.executable, "-m", "engine"]
+RALPH = [sys.executable, "-m", "ralph.engine"]
 REPO = Path(__file__).resolve().parent.parent.parent
 FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
 

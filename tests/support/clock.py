@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
 
-from engine.clock import SystemClock, Wakeup
+from ralph.engine.clock import SystemClock, Wakeup
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 

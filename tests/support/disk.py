@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from session_store import control_root, work_root
+from ralph.session_store import control_root, work_root
 
 
 def session_dirs(ws: Path) -> list[Path]:

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 
 import yaml
 
-from engine.config import Config, parse
-from engine.driver import Engine
-from session_store import Session
+from ralph.engine.config import Config, parse
+from ralph.engine.driver import Engine
+from ralph.session_store import Session
 
 
 def config(data: dict | None = None) -> Config:
@@ -51,8 +51,8 @@ class _Held:
         self.release = threading.Event()
 
     def run(self, inv, wakeup, should_stop):
-        from engine.agents import Outcome
-        from engine.tools.emit import publish
+        from ralph.engine.agents import Outcome
+        from ralph.engine.tools.emit import publish
 
         from .recording import SUCCESS
         if inv.role == self.role and not self.started.is_set():

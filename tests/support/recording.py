@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-from engine.agents import Invocation, Outcome, RunReport
-from engine.tools.emit import publish
+from ralph.engine.agents import Invocation, Outcome, RunReport
+from ralph.engine.tools.emit import publish
 
 from .scenarios import EVIDENCE, REVIEW_OK
 

@@ -40,7 +40,7 @@ def ralph(*args, **env):
     full = {{**os.environ, **{{k: v for k, v in env.items() if v is not None}}}}
     for name in (k for k, v in env.items() if v is None):
         full.pop(name, None)
-    r = subprocess.run([sys.executable, "-m", "engine", *map(str, args)], env=full,
+    r = subprocess.run([sys.executable, "-m", "ralph.engine", *map(str, args)], env=full,
                        capture_output=True, text=True, timeout=120)
     return {{"args": list(map(str, args)), "code": r.returncode, "out": r.stdout,
             "err": r.stderr}}
@@ -114,7 +114,7 @@ def held(ws: Path, name: str, sid: str, timeout: float = 60):
 HOOK = '''
 def approve(cli, tool_name, tool_input):
     """`ralph tools approve` as the CLI runs it: the call on stdin, the decision out."""
-    r = subprocess.run([sys.executable, "-m", "engine", "tools", "approve", "--cli", cli],
+    r = subprocess.run([sys.executable, "-m", "ralph.engine", "tools", "approve", "--cli", cli],
                        input=json.dumps({"hook_event_name": "PreToolUse", "tool_name": tool_name,
                                          "tool_input": tool_input}),
                        capture_output=True, text=True, timeout=120)

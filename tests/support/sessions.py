@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from session_store import Limits, Session, create
+from ralph.session_store import Limits, Session, create
 
 from .clock import START, FrozenClock, frozen_clock
 

@@ -15,7 +15,7 @@ import sys
 import threading
 from datetime import datetime, timezone
 
-from session_store import (AlreadyAnswered, BadInput, ChannelFiles, QuestionCancelled, Status,
+from ralph.session_store import (AlreadyAnswered, BadInput, ChannelFiles, QuestionCancelled, Status,
                            list_ids, load, questions)
 
 from . import router
@@ -245,7 +245,7 @@ class Commands:
         try:
             with containment.spawning():   # not an agent's orphan: the engine started it
                 child = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "engine", "session", "resume", sid,
+                    [sys.executable, "-P", "-m", "ralph.engine", "session", "resume", sid,
                      "--workspace", self.ws], cwd=self.ws, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                     start_new_session=True)
                 containment.spare(child.pid)

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Callable
 
-from session_store import BadInput, Held, open_channel, open_sessions
+from ralph.session_store import BadInput, Held, open_channel, open_sessions
 
 from .commands import Commands
 from .inbox import Inbox

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from session_store import list_ids
+from ralph.session_store import list_ids
 
 from .commands import Commands
 from .router import Replied, route

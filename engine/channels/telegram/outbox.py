@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 
-from session_store import BadInput, Status, open_sessions, questions
+from ralph.session_store import BadInput, Status, open_sessions, questions
 
 from .settings import Log
 from .state import BotState

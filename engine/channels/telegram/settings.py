@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Callable
 from urllib.parse import quote
 
-from session_store import BadInput
+from ralph.session_store import BadInput
 
 TOKEN_ENV = "RALPH_TELEGRAM_BOT_TOKEN"
 API_URL_ENV = "RALPH_TELEGRAM_API_URL"

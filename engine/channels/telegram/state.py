@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from session_store import BadInput, ChannelFiles, Sessions, parse_yaml
+from ralph.session_store import BadInput, ChannelFiles, Sessions, parse_yaml
 
 from .settings import Log
 

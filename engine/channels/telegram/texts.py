@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timezone
 
-from session_store import questions
+from ralph.session_store import questions
 
 from ...safe_text import author, field, payload_text, printable
 

@@ -13,7 +13,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from session_store import AlreadyAnswered, BadInput, ChannelFiles, Status, check_id
+from ralph.session_store import AlreadyAnswered, BadInput, ChannelFiles, Status, check_id
 
 from ...views import answer_outcome, limit_still_reached
 from .reads import Problem, open_session
@@ -111,7 +111,7 @@ def resume(workspace: str, session_id: str, body: dict) -> dict:
     pid = session.running_pid()
     if pid is not None:
         raise Problem(409, f"session {session.id} is running already (engine pid {pid})")
-    argv = [sys.executable, "-P", "-m", "engine", "session", "resume", session.id,
+    argv = [sys.executable, "-P", "-m", "ralph.engine", "session", "resume", session.id,
             f"--workspace={session.workspace}"]
     message = _text(body.get("message"), "$.message", required=False)
     if message.strip():

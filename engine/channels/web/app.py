@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from session_store import BadInput, check_id
+from ralph.session_store import BadInput, check_id
 
 from . import actions, reads
 from .feed import Feed

@@ -23,7 +23,7 @@ import hashlib
 import os
 import stat
 
-from session_store import Session, open_sessions, sessions_root, work_root
+from ralph.session_store import Session, open_sessions, sessions_root, work_root
 
 from . import reads
 from .reads import Problem, dumps

@@ -10,7 +10,7 @@ import json
 import math
 import threading
 
-from session_store import BadInput, Session, State, check_id, load
+from ralph.session_store import BadInput, Session, State, check_id, load
 
 from ... import diagram_svg
 from ...diagram import transition_steps

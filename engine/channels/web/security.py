@@ -24,7 +24,7 @@ import os
 import secrets
 from urllib.parse import urlsplit
 
-from session_store import BadInput
+from ralph.session_store import BadInput
 
 TOKEN_ENV = "RALPH_WEB_TOKEN"
 TOKEN_HEADER = b"x-ralph-token"

@@ -5,8 +5,8 @@ import os
 import socket
 import sys
 
-import session_store
-from session_store import BadInput
+from ralph import session_store
+from ralph.session_store import BadInput
 
 from .app import build
 from .feed import MAX_STREAMS, Feed
