@@ -25,17 +25,23 @@ def modules(package: str):
     return sorted((REPO / package).rglob("*.py"))
 
 
+def ours(module: str) -> str:
+    """A module as its folder names it: the packages install under `ralph.` (pyproject's
+    package-dir), so `ralph.engine.driver` is engine/driver.py."""
+    return module.removeprefix("ralph.")
+
+
 def imported(path: Path, relative: bool = False) -> list[tuple[int, str]]:
     """(line, module) of each import; with `relative`, each name a `from` takes too (relative
     imports included), as `module.name`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
+            found += [(node.lineno, ours(a.name)) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and relative:
-            found += [(node.lineno, f"{node.module or ''}.{a.name}") for a in node.names]
+            found += [(node.lineno, f"{ours(node.module or '')}.{a.name}") for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
+            found.append((node.lineno, ours(node.module)))
     return found
 
 
@@ -74,7 +80,7 @@ def test_states_act_through_the_context():
     taken = [f"{path.relative_to(REPO)}:{node.lineno} takes {alias.name} from the store"
              for path in modules("states") if path.name != "context.py"
              for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.ImportFrom) and node.module == "session_store"
+             if isinstance(node, ast.ImportFrom) and ours(node.module or "") == "session_store"
              for alias in node.names if alias.name not in STATES_READ]
     assert not taken, "\n".join(taken)
 
@@ -91,8 +97,9 @@ def test_nothing_above_the_store_reads_its_files_as_files(layer):
              for path in modules(layer)
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.ImportFrom) and node.module
-             and node.module.split(".")[0] == "session_store"
-             for name in ([node.module] if node.module.startswith("session_store._") else [])
+             and ours(node.module).split(".")[0] == "session_store"
+             for name in ([node.module] if ours(node.module).startswith("session_store._")
+                          else [])
              + [a.name for a in node.names if a.name in BACKEND_ONLY]]
     assert not found, "\n".join(found)
 
@@ -135,11 +142,11 @@ def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+                targets = [ours(a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = package.split(".")[:len(package.split(".")) - node.level + 1] \
                     if node.level else []
-                module = ".".join(base + ([node.module] if node.module else []))
+                module = ".".join(base + ([ours(node.module)] if node.module else []))
                 targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in files else module
                            for a in node.names]
             else:
