@@ -107,52 +107,21 @@ def pytest_configure(config):
         os.environ["RALPH_TEST_STATE_MADE"] = config.stash[STATE]
 
 
-# the longest tests, in seconds, as CI's run measured them (its --durations list, on two
-# cores with three workers); any other slow test counts LONG, a quick one QUICK
-MEASURED = {
-    "test_matrix.py::test_kill_after_every_durable_write_of_a_full_scenario[file]": 410,
-    "test_soak.py::test_soak_100_iterations_with_signals_and_answers_from_other_processes": 275,
-    "test_real_agents.py::test_an_ask_answered_after_150_seconds_still_reaches_the_agent": 175,
-    "test_parallel_crash.py::test_kill_at_each_durable_write_of_a_parallel_batch_then_resume_"
-    "completes": 135,
-    "test_matrix.py::test_kill_after_every_durable_write_of_a_full_scenario[postgres]": 127,
-    "test_disk_faults.py::test_a_failing_disk_at_each_kind_of_write_pauses_and_resumes[state]":
-        102,
-    "test_disk_faults.py::test_a_full_disk_at_each_kind_of_write_pauses_and_resumes[state]": 89,
-    "test_signals.py::test_killed_between_take_and_handled_each_signal_is_handled_once": 80,
-    "test_real_limits.py::test_codex_limit_waits_for_the_minute_it_names_and_continues": 75,
-    "test_quota.py::test_kill_at_every_write_around_a_quota_wait_then_resume_waits_and_"
-    "completes": 60,
-}
-LONG, QUICK = 30, 2
-
-
-def expected_seconds(item) -> float:
-    measured = MEASURED.get(item.nodeid.removeprefix("tests/"))
-    return measured or (LONG if item.get_closest_marker("slow") else QUICK)
+# started first, before the rest of the slow tier: a long test xdist hands out late ends the
+# run alone (CI's run ended on the soak, started in the last five of its 25 minutes)
+FIRST = ("tests/test_soak.py::",)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest first, and under xdist each worker's share of the long tests from the start.
-    worksteal hands each worker an equal run of the collection in its order, and an idle
-    worker later steals the tail of a busy one's: so the collection is laid out as one run
-    per worker, the long tests dealt out so that the runs' expected times are even (the
-    longest to the least loaded run), each run longest first, its quick tests last (what
-    is stolen). Left in file order, one worker ran the slow tier alone, the soak last."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    ordered = sorted(items, key=expected_seconds, reverse=True)
-    sizes, left = [], len(items)
-    for k in range(workers, 0, -1):   # as worksteal splits: len(pending) // nodes left
-        sizes.append(left // k)
-        left -= sizes[-1]
-    runs: list[list] = [[] for _ in sizes]
-    loads = [0.0] * len(sizes)
-    for item in ordered:
-        room = [r for r in range(len(runs)) if len(runs[r]) < sizes[r]]
-        r = min(room, key=lambda r: loads[r])
-        runs[r].append(item)
-        loads[r] += expected_seconds(item)
-    items[:] = [item for run in runs for item in run]
+    """The slow tier first, the soak at its head: under xdist (`-n`), the long tests start
+    at once and the quick ones fill the workers around them (worksteal), instead of one
+    worker ending the run alone on a crash matrix (the stable sort keeps each tier's own
+    order). Measured slower: handing out the longest first one at a time (`--dist load
+    --maxschedchunk 1`), and laying the collection out so that each worker starts with an
+    even share of the long tests: three workers then ran crash matrices at once, their
+    kills and fsyncs contending, and the quick tests waited."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 not item.nodeid.startswith(FIRST)))
 
 
 def pytest_unconfigure(config):
