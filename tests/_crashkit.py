@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import yaml
 
 from ralph.session_store import control_root, work_root
 from _planes import FilePlane, Plane
-from support import progress_markers, progress_view_markers
+from support import RALPH, base_env, progress_markers, progress_view_markers
 from support import session_dir as control_dir
 from ralph.engine.machine import TRANSITIONS
 from ralph.states import State
@@ -252,3 +253,16 @@ def run_all(fn, items, workers: int = WORKERS) -> list[str]:
     """fn(item) -> a failure message or None, on a few threads; the failures."""
     with ThreadPoolExecutor(workers) as pool:
         return [f for f in pool.map(fn, items) if f]
+
+
+def killed_then_resumed(ws: Path, sid: str, start, point: int, expected: dict) -> None:
+    """`start(ws, **env)` SIGKILLed right after durable write `point`: the session is whole,
+    and one `session resume` completes it with the uninterrupted run's outcome."""
+    killed = start(ws, RALPH_TEST_CRASH_AT_WRITE=point)
+    assert killed.returncode == KILLED, killed.stderr
+    check_after_kill(ws, sid)
+    resumed = subprocess.run(RALPH + ["session", "resume", sid], cwd=ws,
+                             env=cached_bytecode(base_env()), capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert check_finished(ws, sid) == expected

@@ -152,14 +152,7 @@ def test_kill_at_every_write_around_a_limit_then_resume_waits_and_completes(tmp_
         ws = tmp_path / f"w{w.n:03d}"
         ws.mkdir()
         try:
-            killed = run(ws, RALPH_TEST_CRASH_AT_WRITE=w.n)
-            assert killed.returncode == kit.KILLED, killed.stderr
-            kit.check_after_kill(ws, "s")
-            resumed = subprocess.run(RALPH + ["session", "resume", "s"], cwd=ws,
-                                     env=kit.cached_bytecode(base_env()), capture_output=True,
-                                     text=True, timeout=120)
-            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-            assert kit.check_finished(ws, "s") == expected
+            kit.killed_then_resumed(ws, "s", run, w.n, expected)
             assert recorded_attempts(ws, "s") == ["done"]
             m = metadata(session_dir(ws, "s"))
             assert m["limit_wait"] is None and m["fallback"]["errors"] == 0
