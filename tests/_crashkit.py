@@ -50,19 +50,6 @@ class Write(NamedTuple):
 STAGING = "state:sessions/.creating-"
 
 
-PYCACHE = Path(tempfile.gettempdir()) / f"ralph-tests-pycache-{os.getuid()}"
-
-
-def cached_bytecode(env: dict) -> dict:
-    """`env` for the hundreds of processes of the slow suites, with Python's bytecode
-    cached (under PYCACHE, outside the repository) even where PYTHONDONTWRITEBYTECODE is
-    set: recompiling the engine in every process costs them a quarter of their time."""
-    env = dict(env)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
-    return env
-
-
 def scratch(tmp_path: Path, name: str) -> Path:
     """Where a slow suite puts its many workspaces: $RALPH_TEST_SCRATCH_DIR, else /dev/shm
     when it is there (a SIGKILL does not care about fsync, and tmpfs makes hundreds of
@@ -262,7 +249,7 @@ def killed_then_resumed(ws: Path, sid: str, start, point: int, expected: dict) -
     assert killed.returncode == KILLED, killed.stderr
     check_after_kill(ws, sid)
     resumed = subprocess.run(RALPH + ["session", "resume", sid], cwd=ws,
-                             env=cached_bytecode(base_env()), capture_output=True, text=True,
+                             env=base_env(), capture_output=True, text=True,
                              timeout=120)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert check_finished(ws, sid) == expected

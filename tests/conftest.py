@@ -76,6 +76,10 @@ ARTIFACTS = pytest.StashKey[list]()
 STATE = pytest.StashKey[str]()   # the state directory this run made (removed at its end)
 
 
+# outside the repository and every private folder of a sandbox; ~/.cache is not hidden
+PYCACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ralph-tests-pycache"
+
+
 def artifacts_dir() -> Path:
     """$RALPH_TEST_ARTIFACTS, else ralph-test-artifacts/ in the temp directory."""
     import tempfile
@@ -99,6 +103,13 @@ def pytest_configure(config):
     # workspace (as ~/.local/state/ralph is outside a user's); workspaces key it apart.
     # Under xdist each worker makes its own, as each machine of a fleet has one (what is
     # kept per state directory, a bot's lease, is not shared by tests that run at once)
+    # bytecode cached for the run's thousands of processes, even under
+    # PYTHONDONTWRITEBYTECODE (recompiling the engine in each costs a crash matrix a quarter
+    # of its time), in a folder every agent run still reads: the sandbox gives each run a
+    # /tmp of its own, where a cache would be missing, and Python would compile each module
+    # of the standard library in every confined run (0.2 CPU-s each)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     made = os.environ.get("RALPH_TEST_STATE_MADE")
     if not os.environ.get("RALPH_STATE_DIR") or made == os.environ["RALPH_STATE_DIR"]:
         import tempfile

@@ -132,7 +132,7 @@ def test_kill_at_every_write_around_a_limit_then_resume_waits_and_completes(tmp_
         steps = [plan("t1"), limited_executor(time.time() + 5), *DONE]
         demo_config(ws, steps)
         return subprocess.run(RALPH + ["session", "start", "objective", "--id", "s"], cwd=ws,
-                              env=kit.cached_bytecode(base_env(**env)), capture_output=True,
+                              env=base_env(**env), capture_output=True,
                               text=True, timeout=120)
 
     base = tmp_path / "base"

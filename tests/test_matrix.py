@@ -183,12 +183,12 @@ def prepare(shared: Path, steps: list[dict], config: dict) -> Path:
 
 def start(ws: Path, config: Path, **env):
     return ralph(ws, "session", "start", OBJECTIVE, "--id", SID, "-c", config,
-                 env=kit.cached_bytecode(base_env(**FAST, **env)))
+                 env=base_env(**FAST, **env))
 
 
 def resume(ws: Path, **env):
     return ralph(ws, "session", "resume", SID,
-                 env=kit.cached_bytecode(base_env(**FAST, **env)))
+                 env=base_env(**FAST, **env))
 
 
 # --- the backends: where a run's control plane is, and how it is copied ---

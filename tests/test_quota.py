@@ -349,7 +349,7 @@ def test_kill_at_every_write_around_a_quota_wait_then_resume_waits_and_completes
         demo_config(ws, steps_at(95, time.time() + 2),
                     {"agent": {"account": f"crash-{tmp_path.name}-{ws.name}"[:64]}})
         return subprocess.run(RALPH + ["session", "start", "objective", "--id", "s"], cwd=ws,
-                              env=kit.cached_bytecode(base_env(**env)), capture_output=True,
+                              env=base_env(**env), capture_output=True,
                               text=True, timeout=120)
 
     base = tmp_path / "base"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _crashkit import cached_bytecode, scratch, state_in
+from _crashkit import scratch, state_in
 from support import (EVIDENCE, FAST, RALPH, base_env, metadata, progress_markers, session_dir,
                      work_dir, write_config, write_scenario)
 from ralph.session_store import questions
@@ -90,7 +90,7 @@ def soak(root: Path) -> None:
                                      "max_runtime_seconds": 3600},
                       "RObot": {"timeout_seconds": 300},
                       "fallback": {"enabled": False}})
-    env = cached_bytecode(base_env(**FAST))
+    env = base_env(**FAST)
     out = open(root / "engine.out", "w")
     began = time.monotonic()
     engine = subprocess.Popen(RALPH + ["session", "start", "soak the engine", "--id", SID,

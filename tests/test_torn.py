@@ -57,11 +57,11 @@ def work_of(ws: Path) -> Path:
 
 def start(ws: Path, **env):
     return spawn(ws, "session", "start", OBJECTIVE, "--id", SID, "-c", ws / "ralph.yml",
-                 env=kit.cached_bytecode(base_env(**FAST, **env)))
+                 env=base_env(**FAST, **env))
 
 
 def resume(ws: Path, **env):
-    return ralph(ws, "session", "resume", SID, env=kit.cached_bytecode(base_env(**FAST, **env)))
+    return ralph(ws, "session", "resume", SID, env=base_env(**FAST, **env))
 
 
 def answer_when_asked(ws: Path, proc) -> None:
@@ -148,7 +148,7 @@ def resumed_with(base: Path, ws: Path, path: Path, data: bytes, run: Run) -> Non
     end (the human answers): the outcome of the uninterrupted run."""
     copy(base, ws)
     path.write_bytes(data)
-    proc = spawn(ws, "session", "resume", SID, env=kit.cached_bytecode(base_env(**FAST)))
+    proc = spawn(ws, "session", "resume", SID, env=base_env(**FAST))
     answer_when_asked(ws, proc)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
