@@ -119,8 +119,10 @@ def pytest_configure(config):
 
 
 # started first, before the rest of the slow tier: a long test xdist hands out late ends the
-# run alone (CI's run ended on the soak, started in the last five of its 25 minutes)
-FIRST = ("tests/test_soak.py::",)
+# run alone (CI's run ended on the soak, started in the last five of its 25 minutes; then on
+# the 150-second ask, a wait that costs no CPU and overlaps everything when started first)
+FIRST = ("tests/test_soak.py::",
+         "tests/test_real_agents.py::test_an_ask_answered_after_150_seconds")
 
 
 def pytest_collection_modifyitems(config, items):
