@@ -1,4 +1,4 @@
-"""Bench 19: what reading the usage windows costs a run (engine/quota.py, issue 34).
+"""Bench 19: what reading the usage windows costs a run (engine/policy/quota.py, issue 34).
 
 Per agent run the engine now reads its output for the windows (Claude Code's
 `rate_limit_event`: `claude_quota`), and before each run reads the account's readings
@@ -52,7 +52,7 @@ def run(base: str, runs: int = 50) -> list[Row]:
     from ralph.engine.agents.presets import Claude
     from ralph.engine.agents.quota_readers import claude_quota
     from ralph.engine.config_types import Quota
-    from ralph.engine.quota import blocking
+    from ralph.engine.policy.quota import blocking
     from ralph.session_store import QuotaReading
     from ralph.session_store._quota import read_account, record_reading
 

@@ -1,4 +1,4 @@
-"""Bench 18: what confinement costs a run (engine/agents/sandbox.py).
+"""Bench 18: what confinement costs a run (engine/running/sandbox.py).
 
 One agent run as the engine makes it (`CommandAgent.run`: the supervisor, the logs, the
 run's containment at its end) of a program that does nothing (`true`), confined in
@@ -42,7 +42,7 @@ def _pair(ws: str, sandbox, argv: list[str], runs: int) -> tuple[float, float]:
 
 
 def run(base: str, runs: int = 30) -> list[Row]:
-    from ralph.engine.agents import sandbox as sb
+    from ralph.engine.running import sandbox as sb
     from ralph.engine.agents import demo_argv
     ws = tempfile.mkdtemp(prefix="sandbox-", dir=base)
     box = sb.find(hidden=(os.environ.get("RALPH_STATE_DIR", ""),))

@@ -39,7 +39,7 @@ class OnLimit(enum.Enum):
     SWITCH = "switch"    # run on agent.limit_fallback until the limit resets
 
 
-class SandboxMode(enum.Enum):   # engine/agents/sandbox.py; none: with the user's rights
+class SandboxMode(enum.Enum):   # engine/running/sandbox.py; none: with the user's rights
     ENFORCE, NONE = "enforce", "none"
 
 
@@ -115,7 +115,7 @@ class AgentConfig:
         "claude and codex: ralph's tools (emit, ask, progress, signals_poll, blocker, "
         "status) as an MCP server (`ralph mcp`) in every run, named first in the prompt; "
         "the shell commands stay as the fallback"))
-    # the CLI's usage or rate limit (engine/limits.py): never an attempt spent
+    # the CLI's usage or rate limit (engine/policy/limits.py): never an attempt spent
     on_limit: OnLimit = key(OnLimit.WAIT, doc=(
         "when the CLI says it hit its usage or rate limit: `wait` durably until the reset, "
         "then retry the same step; `pause` the session (exit 3), saying when it resets; "
@@ -281,7 +281,7 @@ class OnError(enum.Enum):
     PAUSE = "pause"    # pause the session before the step (exit 3)
 
 
-# what a lifecycle hook may be attached to, as `pre.EVENT` or `post.EVENT` (engine/hooks.py)
+# what a lifecycle hook may be attached to, as `pre.EVENT` or `post.EVENT` (engine/policy/hooks.py)
 HOOK_EVENTS = ("session.start", "iteration.start", "plan.ready", "human.question",
                "session.complete", "session.error", "session.pause")
 # the steps a failing pre hook may refuse (on_error: block), and those it may pause before;
@@ -307,7 +307,7 @@ class HookSpec:
 
 @define
 class Quota:
-    """Pacing by the agent CLIs' usage windows (engine/quota.py)."""
+    """Pacing by the agent CLIs' usage windows (engine/policy/quota.py)."""
     pause_at_percent: dict[str, float] = key(factory=lambda: {"all": 90.0}, doc=(
         "no new run past this share of a usage window: one number for every window, or "
         "per window ({five_hour: 80, seven_day: 90, all: 90}); the run in flight finishes, "

@@ -8,7 +8,7 @@ import copy
 from ralph.session_store import Attempt, PlannedTask, progress
 from ralph.states.context import IterationView, RoleRun, Streaks
 
-from .attempts import run_until_outcome
+from .policy.attempts import run_until_outcome
 from .mailbox import Mode
 
 

@@ -28,7 +28,7 @@ from ralph.session_store import (BadInput, DiskFault, FailedRun, PauseKind, Sess
 from ralph.states import WORK, Next, Trigger
 
 from .agents import containment, make_agent
-from .agents.sandbox import Sandbox
+from .running.sandbox import Sandbox
 from .channels import telegram
 from .clock import SystemClock, until
 from . import config as cfg
@@ -36,16 +36,16 @@ from .config import Config
 from .console import Console
 from .context import Work
 from .diagnostics import Diagnostics, enabled as diagnostics_on
-from .hooks import Hooks
-from .lifecycle import LifecycleHooks
+from .policy.hooks import Hooks
+from .policy.lifecycle import LifecycleHooks
 from .humans import Approvals, Assessor, BlockerLedger, HumanDesk, RunQuestions
-from .inlet import Inlet
+from .running.inlet import Inlet
 from .knowledge import KnowledgeKeeper
-from .lanes import EngineLock, Wakeups
-from .limits import LimitKeeper
+from .running.lanes import EngineLock, Wakeups
+from .policy.limits import LimitKeeper
 from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode
-from .runner import AgentRunner, RunResult, limit_reached
+from .running.runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
 from .views import MAX_STDERR_TAIL, failed_run_text
 from .parallel import ParallelBatch
@@ -61,7 +61,7 @@ class Engine:
         self.config = config
         self.confinement = confinement   # what its runs can reach, said once it holds the session
         self.clock = clock or SystemClock()
-        # one thread at a time runs the engine; a wait lets go (engine/lanes.py)
+        # one thread at a time runs the engine; a wait lets go (engine/running/lanes.py)
         self.lock = EngineLock()
         self.wakeup = Wakeups(self.lock)   # set by the mailbox watcher and by agents exiting
         self.tracker = tracker = Tracker(session, self.clock)

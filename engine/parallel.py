@@ -8,7 +8,7 @@ in plan order, and only then is a task [x]: the merge is its commit point. A mer
 conflicts is undone and the task runs again on top of what was merged, with the
 conflicting paths in its prompt; a second conflict fails it ([F], with the paths).
 
-The lanes share the engine (engine/lanes.py: one thread runs it at a time, a wait lets
+The lanes share the engine (engine/running/lanes.py: one thread runs it at a time, a wait lets
 go), so they share its limits, its cost and its usage limit's wait; a PAUSE or ABORT one
 of them takes stops every lane's run. Whatever ends the batch, its worktrees and lane
 branches go; a resume re-runs the tasks that are neither [x] nor [F].
@@ -21,8 +21,8 @@ import threading
 from ralph.session_store import GitInfo, PauseKind, PlannedTask, progress, worktree_root
 from ralph.states import Next, Trigger
 
-from .lanes import EngineLock, Wakeups
-from .runner import AgentRunner, Batch
+from .running.lanes import EngineLock, Wakeups
+from .running.runner import AgentRunner, Batch
 from .workspace_git import LANE_PREFIX, GitError, TaskCommits, WorkspaceGit
 
 

@@ -163,7 +163,7 @@ def engine_stopped(session, pid: int | None) -> bool:
     engine is not looked at: its pid means nothing here.)"""
     if not pid or pid < 0 or not session.runs_here():
         return False
-    from .procfs import proc_state
+    from .running.procfs import proc_state
     state = proc_state(pid)
     return state is not None and state[0] in ("T", "t")
 

@@ -1,7 +1,7 @@
 """Issue 21: a hostile agent tries, from inside its own run, every way to take the human's
 control; each attack is refused or ignored, the human's view is unchanged, and nothing
 is written outside the workspace. The agent is tests/_hostile_agent.py on the `command`
-backend, in ralph's sandbox as every run is (engine/agents/sandbox.py): what the sandbox
+backend, in ralph's sandbox as every run is (engine/running/sandbox.py): what the sandbox
 refuses is recorded, and the engine's own defences behind it are still proven; what a
 CLI's own sandbox adds is proven with the real CLIs in tests/test_real_agents.py.
 """

@@ -132,7 +132,7 @@ def test_a_real_runs_command_line_and_its_parents_hold_no_session_id(tmp_path, m
     assert metadata(session_dir(ws, SID))["status"] == "completed"
     seen = [json.loads(p.read_text()) for p in out.iterdir()]
     assert any(SID in s["cwd"] for s in seen)   # a lane's worktree was among them
-    assert len(seen) >= 6 and all("engine.supervisor" in s["parent"] for s in seen)
+    assert len(seen) >= 6 and all("engine.running.supervisor" in s["parent"] for s in seen)
     leaks = [s for s in seen if any(SID in a for a in s["self"] + s["parent"])]
     assert not leaks, leaks
 
@@ -141,7 +141,7 @@ def test_a_prompt_too_long_for_an_argument_is_named_by_the_environment(tmp_path)
     """`prompt_mode: arg` with a prompt past ARG_LIMIT: the argument points at
     $RALPH_PROMPT_FILE, the file whose path holds the session's id."""
     from ralph.engine.agents import CommandAgent, Invocation
-    from ralph.engine import containment
+    from ralph.engine.running import containment
     setup = lane_setup(tmp_path)
     out = tmp_path / "seen.json"
     script = ("import json, os, sys; json.dump({'argv': sys.argv, 'file': "

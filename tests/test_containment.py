@@ -6,7 +6,7 @@ a session of its own (`setsid`), double-fork a daemon, run behind a shell wrappe
 SIGTERM to save their work (and try to emit while they do). No mocks: the processes are
 real, and are looked for in /proc, by the marks every run carries in its environment
 (RALPH_RUN_ID, RALPH_SESSION_DIR), with `engine.containment.find`. Every run runs under
-its supervisor (engine/supervisor.py), which stops the run should its engine die.
+its supervisor (engine/running/supervisor.py), which stops the run should its engine die.
 
 Each agent records the processes it starts as `<pid> <starttime>` (field 22 of
 /proc/<pid>/stat), so a pid reused meanwhile is never taken for the process it was.
@@ -28,7 +28,7 @@ import pytest
 from support import (EVIDENCE, FAST, RALPH, REPO, base_env, events, finish, metadata,
                      new_session, only_session, progress_markers, ralph, session_dirs, spawn,
                      wait_for, work_dir, write_config)
-from ralph.engine import containment
+from ralph.engine.running import containment
 from ralph.engine.agents.presets import Claude, Codex, RunSetup
 
 # What every stand-in agent shares (written to the workspace as agentlib.py; the agents
@@ -354,7 +354,7 @@ def refused_line(r: subprocess.CompletedProcess) -> str:
 def engine_inlet(ws: Path, sid: str):
     """What an engine holds of session `sid` to hear agents: its lock and its inlet
     (started: no run open yet)."""
-    from ralph.engine.inlet import Inlet
+    from ralph.engine.running.inlet import Inlet
     from ralph.session_store import acquire_lock, load
     session = load(str(ws), sid)
     lease = acquire_lock(session.dir, sid)
@@ -366,7 +366,7 @@ def engine_inlet(ws: Path, sid: str):
 
 
 def test_the_inlet_opens_and_closes_runs_for_emitters(workspace):
-    from ralph.engine.inlet import RunInfo
+    from ralph.engine.running.inlet import RunInfo
     ws = workspace
     sd = Path(new_session(ws, sid="lease").dir)
     lease, inlet = engine_inlet(ws, "lease")
@@ -442,7 +442,7 @@ RACER = textwrap.dedent('''
 def test_closing_a_run_cuts_concurrent_emitters_cleanly(workspace):
     """Four processes post for r1 as fast as they can while the run is closed: every
     request before the cut is taken, every one after it refused, none lost."""
-    from ralph.engine.inlet import RunInfo
+    from ralph.engine.running.inlet import RunInfo
     from ralph.session_store import outbox
     ws = workspace
     sd = Path(new_session(ws, sid="race").dir)
@@ -670,15 +670,16 @@ def test_an_engine_package_planted_in_the_workspace_never_runs_as_a_supervisor(w
     setup(ws, """
         os.chdir("/")   # its own `python -m ralph.engine emit`: not from what it plants
         if ROLE == "planner" and not os.path.exists(path("engine")):
-            os.mkdir(path("engine"))
-            open(path("engine/__init__.py"), "w").close()
-            with open(path("engine/supervisor.py"), "w") as f:
+            os.makedirs(path("engine/running"))
+            for package in ("engine", "engine/running"):
+                open(path(package + "/__init__.py"), "w").close()
+            with open(path("engine/running/supervisor.py"), "w") as f:
                 f.write("open(%r, 'w').write('ran')" % path("planted.ran"))
         normal()
     """)
     r = start(ws, "pl")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (ws / "engine/supervisor.py").exists()
+    assert (ws / "engine/running/supervisor.py").exists()
     assert not (ws / "planted.ran").exists()
 
 
@@ -1092,7 +1093,7 @@ def test_leftovers_are_found_when_the_workspace_is_named_through_a_symlink(works
 WHERE = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, %r)
-    from ralph.engine.containment import agent_run_of
+    from ralph.engine.running.containment import agent_run_of
     run, out = agent_run_of(), sys.argv[1]
     with open(out + ".tmp", "w") as f:
         json.dump(run and [run.supervisor, run.run_id, run.session_dir], f)

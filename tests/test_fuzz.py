@@ -1159,7 +1159,7 @@ def _taken_as(raw: bytes, run: str):
     ("event", topic, payload, source), ("cli.refused", source), ("emit.refused", run,
     source), or None (a poll or a giving-up it answers with no record). Every record is
     the run's whose outbox the line is in, whatever the line claims. The outbox's and the
-    inlet's rules (session_store/_outbox.py, engine/inlet.py), written out again."""
+    inlet's rules (session_store/_outbox.py, engine/running/inlet.py), written out again."""
     def refused():
         return ("emit.refused", run, "executor")
     if len(raw) > OUTBOX_CAP + 4096 or not raw.strip():
@@ -1278,7 +1278,7 @@ def test_half_a_character_in_the_outbox_never_crashes_the_engine(tmp_path, case)
     else the line says, is refused as a line that is no request (no record could hold it
     as UTF-8; it once ended the engine, and on resume again), and the engine reading it
     lives on; the bus stays UTF-8."""
-    from ralph.engine.inlet import Inlet, RunInfo
+    from ralph.engine.running.inlet import Inlet, RunInfo
     from ralph.session_store import acquire_lock, outbox
     session = create(str(tmp_path), "o", now=now(), session_id="h1")
     lease = acquire_lock(session.dir, "h1")

@@ -14,7 +14,7 @@ import pytest
 from support import (DONE, EVIDENCE, QUALITY, base_env, events, metadata, only_session, plan,
                      progress_markers, prompts, ralph, recorded, script_agent, start,
                      write_config)
-from ralph.engine import gates
+from ralph.engine.policy import gates
 from ralph.engine.agents.approval_hooks import CLAUDE_SANDBOX
 
 

@@ -130,7 +130,7 @@ def test_emit_lands_once_and_errors_are_tool_errors(workspace, session):
 def engine_inlet(workspace):
     """What an engine holds of session m1 to hear agents: its lock and its inlet (the run
     gate: the work area's outbox, no run open in it yet), with no desk or mailbox."""
-    from ralph.engine.inlet import Inlet
+    from ralph.engine.running.inlet import Inlet
     session = load(str(workspace), "m1")
     lease = acquire_lock(session.dir, "m1")
     inlet = Inlet(session, max_bytes=1 << 20, on_ask=lambda *_: {"refused": "no desk here"},
@@ -141,7 +141,7 @@ def engine_inlet(workspace):
 
 
 def test_an_event_of_a_run_that_is_over_is_refused(workspace, session):
-    from ralph.engine.inlet import RunInfo
+    from ralph.engine.running.inlet import RunInfo
     lease, inlet = engine_inlet(workspace)
     inlet.open_run(RunInfo("0007-executor-t1", "executor", "t1"))
     try:

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from ralph.engine.attempts import run_until_outcome
+from ralph.engine.policy.attempts import run_until_outcome
 from ralph.engine.mailbox import Mailbox, Mode, Rerun
 from ralph.session_store import PauseKind, PlannedTask, State, questions, signals
 from ralph.states import Next, Trigger

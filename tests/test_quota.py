@@ -23,7 +23,7 @@ from ralph.engine.agents.preset import RunEnd
 from ralph.engine.agents.presets import Claude, Codex
 from ralph.engine.agents.quota_readers import claude_quota
 from ralph.engine.config_types import Quota
-from ralph.engine.quota import blocking, share
+from ralph.engine.policy.quota import blocking, share
 from ralph.session_store import QuotaReading
 from test_store_contract import store  # noqa: F401  (the fixture: both backends)
 

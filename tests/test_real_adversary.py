@@ -1,6 +1,6 @@
 """Issues 21 and 31 with the real agent CLIs: the model (tests/support/model_server.py)
 makes the executor attack from the CLI's own shell tool, as a hostile model would. Every
-preset as shipped runs in ralph's sandbox (engine/agents/sandbox.py), Codex in its own
+preset as shipped runs in ralph's sandbox (engine/running/sandbox.py), Codex in its own
 `workspace-write` sandbox inside it and Claude Code in its own too: none can write the
 control plane it is handed, write outside its workspace or read ~/.pgpass, the human's
 verbs and the engine's topics are refused, and the session completes. On main, Claude

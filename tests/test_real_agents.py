@@ -150,7 +150,7 @@ def test_abort_mid_tool_command_leaves_no_process_and_no_late_event(rig):
 def processes_of_the_run(session_dir) -> dict[tuple[int, int], str]:
     """Every process of the session's agent run (its supervisor's tree, the supervisor
     too), by identity: (pid, start time) -> command line."""
-    from ralph.engine import containment, procfs
+    from ralph.engine.running import containment, procfs
     [supervisor] = [p for p in procfs.pids()
                     if procfs.comm(p) == containment.SUPERVISOR_NAME and
                     procfs.environ(p, (containment.SESSION_MARK,)).get(
@@ -176,7 +176,7 @@ def read_if_there(path) -> str:
 
 
 def still_running(processes) -> list[str]:
-    from ralph.engine import procfs
+    from ralph.engine.running import procfs
     return [cmd for (pid, start), cmd in processes.items()
             if (stat := procfs.live(pid)) is not None and stat[1] == start]
 
@@ -197,7 +197,7 @@ def test_kill_9_of_the_engine_stops_its_run_and_resume_hears_nothing_from_it(rig
     engine.send_signal(signal.SIGKILL)
     engine.communicate()
     # no resume: within the grace (and a little) nothing of the run is left
-    from ralph.engine.containment import GRACE_SECONDS
+    from ralph.engine.running.containment import GRACE_SECONDS
     wait_for(lambda: not still_running(run) and not recorded_alive(r.ws),
              timeout=GRACE_SECONDS + 5)
     assert not processes_marked(work_dir(sd)), processes_marked(work_dir(sd))

@@ -350,7 +350,7 @@ def test_a_reply_file_planted_in_a_runs_inbox_is_set_aside(workspace):
     """A directory (with a file in it) and a FIFO planted at the names of the run's
     replies to come: each reply lands whole, as a file, the directory set aside and
     recorded, the FIFO replaced; the engine goes on."""
-    from ralph.engine.inlet import Inlet, RunInfo
+    from ralph.engine.running.inlet import Inlet, RunInfo
     from ralph.session_store import acquire_lock, outbox
     session = new_session(workspace, sid="r")
     lease = acquire_lock(session.dir, session.id)

@@ -1,4 +1,4 @@
-"""Issue 31: ralph confines every run itself (engine/agents/sandbox.py), whatever the
+"""Issue 31: ralph confines every run itself (engine/running/sandbox.py), whatever the
 agent's CLI does. Each test is a real `ralph` with a real bubblewrap around a hostile
 `command` agent (or hook) that tries, from inside its run, what an agent running with the
 user's rights could do on main: write a human's signal into the control plane it is
@@ -270,7 +270,7 @@ def test_pause_gives_a_sandboxed_child_its_grace_and_leaves_nothing(workspace):
     code, out, err = finish(proc)
     assert code == 3, out + err
     assert (workspace / "term.txt").read_text() == f"saved after {int(signal.SIGTERM)}"
-    from ralph.engine.containment import find
+    from ralph.engine.running.containment import find
     assert not find(str(work_dir(only_session(workspace))))
 
 
@@ -278,7 +278,7 @@ def test_a_clis_own_folder_is_made_before_its_first_run(tmp_path, home):
     """A CLI keeps its conversations in its folder (Claude Code's ~/.claude/projects): a
     home without one yet gets it before the run, bound writable, so the next run can
     continue the conversation (`--resume` after a usage limit's wait)."""
-    from ralph.engine.agents.sandbox import Sandbox
+    from ralph.engine.running.sandbox import Sandbox
     ws = tmp_path / "ws"
     ws.mkdir()
     moved = home / "codex-elsewhere"

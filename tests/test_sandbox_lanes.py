@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph.engine.agents.sandbox import Sandbox
+from ralph.engine.running.sandbox import Sandbox
 
 
 @pytest.fixture

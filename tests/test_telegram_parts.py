@@ -218,7 +218,7 @@ def test_marking_undeliverable_while_the_waiter_resolves_never_regresses(tmp_pat
     answer to it reaches the next prompt as guidance."""
     from ralph.engine.config import Config
     from ralph.engine.driver import Engine
-    from ralph.engine.inlet import RunInfo
+    from ralph.engine.running.inlet import RunInfo
     from ralph.session_store import outbox
     ws = str(tmp_path)
     sdir = create(ws, "race", now=now(), session_id="r").dir

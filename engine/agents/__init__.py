@@ -12,7 +12,7 @@ import shutil
 import sys
 
 from ..config import AgentConfig, Backend
-from .. import containment
+from ..running import containment
 from .presets import (PRESETS, ApprovalHook, Command, Demo, McpServer, Preset, RunReport, RunSetup,
                       UsageLimit)
 from .process import CommandAgent, Invocation, Outcome

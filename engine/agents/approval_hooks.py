@@ -17,7 +17,7 @@ GEMINI_HOME = ".gemini-home"   # after the run's logs' base: its GEMINI_CLI_HOME
 
 # Claude Code's own sandbox around its shell commands, with no way out of it (a command
 # it cannot sandbox fails instead of running unsandboxed); ralph's sandbox is around it
-# all the same (engine/agents/sandbox.py): where Claude Code's cannot start (no socat)
+# all the same (engine/running/sandbox.py): where Claude Code's cannot start (no socat)
 # it says so and runs its commands inside ralph's alone
 CLAUDE_SANDBOX = {"enabled": True, "allowUnsandboxedCommands": False,
                   "enableWeakerNestedSandbox": True}

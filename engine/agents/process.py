@@ -7,7 +7,7 @@ kept in the iteration's logs/ and read back bounded (session_store/_runlog.py), 
 timeout, and a stop request (PAUSE/ABORT) honoured at once. When the run is
 over, for whatever reason, its end is announced first (the engine then takes no more
 events from it), and then every process it started is stopped (containment). The agent
-runs under the run's supervisor (engine/supervisor.py), which tells its exit code and
+runs under the run's supervisor (engine/running/supervisor.py), which tells its exit code and
 stops the run itself should the engine die first.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Callable
 
 from ralph.session_store import keep_bounded, open_beneath
 
-from .. import containment, procfs, supervisor
+from ..running import containment, procfs, supervisor
 from ..config import PromptMode
-from .sandbox import Sandbox
+from ..running.sandbox import Sandbox
 from .preset import (ARG_LIMIT, PROMPT_FILE, ApprovalHook, McpServer, Preset, QuotaSeen, RunEnd,
                      RunReport, RunSetup, UsageLimit)
 

@@ -129,7 +129,7 @@ def human_only(verb: str) -> None:
     environment, setsid, a double fork): every process of a run descends from the run's
     supervisor (containment.agent_run_of). The refusal is recorded on the bus, as the
     run's, through the session's work area."""
-    from ..containment import agent_run_of
+    from ..running.containment import agent_run_of
     run = agent_run_of()
     if run is None:
         return

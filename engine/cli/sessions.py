@@ -36,7 +36,7 @@ def cmd_start(args) -> int:
     cfg.check_paths(config, workspace(args), config_path)
     _check_pinned(config, config_path, args)   # before any of its programs is looked for
     _preflight(config)
-    from ..agents.sandbox import check_config
+    from ..running.sandbox import check_config
     check_config(config, workspace(args), config_path)
     unasked = [r for r in ROLES if config.agent.approve and config.role_enabled(r)
                and config.agent_for(r).backend not in cfg.HOOKED]
@@ -258,7 +258,7 @@ def _sandbox(config, args, ws: str, config_path: str | None):
     from ralph.session_store import state_root
 
     from .. import config as cfg
-    from ..agents import sandbox as sb
+    from ..running import sandbox as sb
     mode = args.sandbox or config.agent.sandbox.value
     if mode == "none":
         why = "--sandbox none" if args.sandbox else f"agent.sandbox: none in {config_path}"

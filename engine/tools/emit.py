@@ -142,7 +142,7 @@ def hidden_run() -> str | None:
     """The run this process is part of though its environment no longer says so (a
     cleared environment, setsid, a double fork), else None. Only read where no
     RALPH_RUN_ID is set: never on an agent's usual path."""
-    from ..containment import agent_run_of
+    from ..running.containment import agent_run_of
     found = agent_run_of()
     return None if found is None else (found.run_id or "unknown")
 

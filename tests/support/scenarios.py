@@ -8,7 +8,7 @@ import yaml
 
 from .cli import ralph, spawn
 
-# what passes seed 002's gates (engine/gates.py)
+# what passes seed 002's gates (engine/policy/gates.py)
 EVIDENCE = ("tests: pass, lint: pass, typecheck: pass, audit: pass, coverage: 91, "
             "complexity: 3, duplication: pass")
 REVIEW_OK = "tests: pass, build: pass"

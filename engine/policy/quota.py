@@ -9,7 +9,7 @@ a threshold and leaves the rest to them.
            database), with a `quota.observed` event and the run's share in points
   blocking past `pause_at_percent` (per window, at most 100 - reserve_percent) of a window
            that has not reset yet, no new run starts: the engine waits for the reset, the
-           same durable wait as a hard limit's (engine/limits.py); with `spread`, a window
+           same durable wait as a hard limit's (engine/policy/limits.py); with `spread`, a window
            is also not spent faster than its time passes
 
 What an agent printed is untrusted: the presets clamp percents and drop implausible
@@ -24,10 +24,10 @@ from datetime import datetime, timedelta
 
 from ralph.session_store import QuotaReading, check_account
 
-from .agents.preset import QuotaSeen
-from .config import AgentConfig
-from .config_types import Quota
-from .quota_view import describe_reading
+from ..agents.preset import QuotaSeen
+from ..config import AgentConfig
+from ..config_types import Quota
+from ..quota_view import describe_reading
 
 LENGTHS = {"five_hour": timedelta(hours=5), "seven_day": timedelta(days=7),
            "seven_day_opus": timedelta(days=7), "seven_day_sonnet": timedelta(days=7)}

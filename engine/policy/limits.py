@@ -14,7 +14,7 @@ step runs again once the limit resets. Per `agent.on_limit`:
 The time spent waiting is not the session's runtime: max_runtime_seconds and the
 assessor's time without progress count work, not waits.
 
-A usage window past limits.quota's threshold (engine/quota.py) is met the same way before
+A usage window past limits.quota's threshold (engine/policy/quota.py) is met the same way before
 a run starts: `pace` records the same wait (or switch, or pause), up to the window's reset.
 """
 from __future__ import annotations
@@ -25,13 +25,13 @@ from ralph.session_store import LimitWait, PauseKind
 from ralph.states import Next, Trigger
 
 from . import quota
-from .agents.preset import QuotaSeen, UsageLimit
-from .clock import until as sleep_toward
-from .config import AgentConfig, Config, OnLimit
-from .mailbox import Mode
-from .safe_text import printable
-from .quota_view import at_utc
-from .views import describe_limit_wait
+from ..agents.preset import QuotaSeen, UsageLimit
+from ..clock import until as sleep_toward
+from ..config import AgentConfig, Config, OnLimit
+from ..mailbox import Mode
+from ..safe_text import printable
+from ..quota_view import at_utc
+from ..views import describe_limit_wait
 
 MIN_WAIT_SECONDS = 1.0   # a reset already past (clocks disagree) still waits this long
 

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 from ralph.session_store import (REFUSED, OutboxLine, RunChannel, SetAside, hold_engine_lock,
                            holds_engine_lock, runs)
 
-from .tools.emit import EmitError, check
+from ..tools.emit import EmitError, check
 
 _SHOWN_BYTES = 4096   # of a refused payload, what its record keeps
 SET_ASIDE = "engine.set_aside"

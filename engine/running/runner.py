@@ -1,12 +1,12 @@
 """The agent runner: one role invocation, as a pipeline of one concern per step.
 
   admit    -> no run past a limit, none while a human question is pending, none past a
-              usage window's threshold (engine/quota.py), the wait for an agent's usage
+              usage window's threshold (engine/policy/quota.py), the wait for an agent's usage
               limit, the cooldown
   prepare  -> the run's environment, guidance, prompt and log files
   execute  -> the backend runs it; PAUSE/ABORT stop it; a priority STEER starts it over;
               a run that ended on its CLI's usage limit is no attempt: the limit is
-              waited out (engine/limits.py) and the step runs again
+              waited out (engine/policy/limits.py) and the step runs again
   collect  -> what it emitted (gated), its completion line, its cost
   observe  -> the observers (assessor, blocker ledger, human desk) see the result; the
               first that returns a decision (a pause) stops the work
@@ -30,18 +30,19 @@ from ralph.session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask
 from ralph.states import COMPLETION, Next, Trigger
 from ralph.states.context import RoleRun
 
-from . import gates, prompt
-from .agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,
-                     ralph_argv)
-from .agents.preset import reported_usd
-from .agents.sandbox import Sandbox
-from .config import AgentConfig
+from ..policy import gates
+from .. import prompt
+from ..agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,
+                      ralph_argv)
+from ..agents.preset import reported_usd
+from .sandbox import Sandbox
+from ..config import AgentConfig
 from .inlet import Inlet, RunInfo
-from .limits import LimitKeeper
-from .mailbox import Mailbox, Mode, Rerun
-from .secrets import secret
-from .tools.approve import Rule
-from .tracker import Tracker
+from ..policy.limits import LimitKeeper
+from ..mailbox import Mailbox, Mode, Rerun
+from ..secrets import secret
+from ..tools.approve import Rule
+from ..tracker import Tracker
 
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
 

@@ -6,7 +6,7 @@ of its own, codex runs commands in PTYs behind a node wrapper, and a tool may ca
 marked there (RUN_MARK and the session directory, set by the runner), and a run's
 processes are those carrying its mark plus the descendants of its first process (in
 case one cleared its environment). That first process is the run's supervisor
-(engine/supervisor.py), a child subreaper: a process that both clears its environment
+(engine/running/supervisor.py), a child subreaper: a process that both clears its environment
 and double-forks is adopted by it rather than by init, so every process of the run
 descends from it (`agent_run_of` finds it so), and it stops the run when the engine dies.
 The engine is a subreaper too, for what a killed supervisor leaves; the next start finds
@@ -29,7 +29,7 @@ GRACE_SECONDS = 2.0     # between SIGTERM and SIGKILL: time to save partial work
 _POLL = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 SUPERVISOR_NAME = "ralph-run"   # a run's supervisor names itself so (prctl PR_SET_NAME)
-SANDBOX_NAME = "bwrap"          # the sandbox around a run (engine/agents/sandbox.py)
+SANDBOX_NAME = "bwrap"          # the sandbox around a run (engine/running/sandbox.py)
 _spared: set[int] = set()   # children the engine started itself (a resume from a channel)
 _spawning = threading.Lock()   # held while such a child is started and spared
 _adopting = False           # this process is the reaper of its orphaned descendants
@@ -194,7 +194,7 @@ def stop(find_them, grace: float = GRACE_SECONDS) -> int:
 
 
 def _in_their_turn(alive: list[int]) -> list[int]:
-    """Who gets SIGTERM now. A sandbox (bubblewrap, engine/agents/sandbox.py) is never
+    """Who gets SIGTERM now. A sandbox (bubblewrap, engine/running/sandbox.py) is never
     asked: its PID namespace ends, every process in it SIGKILLed, once the run's first
     process inside it exits; so that one is asked last, when the rest has gone (or at
     SIGKILL), and every other process gets its grace."""

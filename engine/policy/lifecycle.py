@@ -1,4 +1,4 @@
-"""The engine's lifecycle events, each running its hooks (engine/hooks.py) and saying what
+"""The engine's lifecycle events, each running its hooks (engine/policy/hooks.py) and saying what
 a failure means for its step; docs/approvals-and-hooks.md has the table.
 
   session.start     each time an engine takes the session up (start, resume)
@@ -16,7 +16,7 @@ from typing import Callable
 from ralph.session_store import BadInput, PauseKind, Status
 from ralph.states import COMPLETION, Next, Trigger
 
-from .config import OnError
+from ..config import OnError
 from .hooks import Hooks
 
 

@@ -1,7 +1,8 @@
 """The supervisor of one agent run: between the engine and the agent's CLI, so that no
 process of the run outlives its engine.
 
-    RALPH_RUN_CWD=CWD python -m engine.supervisor LIFELINE_FD STATUS_FD PASS_FD -- AGENT_ARGV...
+    RALPH_RUN_CWD=CWD python -m engine.running.supervisor LIFELINE_FD STATUS_FD PASS_FD \
+        -- AGENT_ARGV...
 
 It names itself `ralph-run` (what `containment.agent_run_of` looks for among a process's
 ancestors), becomes the child subreaper of the run (a command started with `setsid` or
@@ -29,8 +30,8 @@ import sys
 
 from . import containment
 
-USAGE = "usage: RALPH_RUN_CWD=CWD python -m engine.supervisor LIFELINE_FD STATUS_FD PASS_FD " \
-        "-- AGENT_ARGV..."
+USAGE = "usage: RALPH_RUN_CWD=CWD python -m engine.running.supervisor LIFELINE_FD STATUS_FD " \
+        "PASS_FD -- AGENT_ARGV..."
 CWD = "RALPH_RUN_CWD"
 _PR_SET_NAME = 15
 _PR_SET_PDEATHSIG = 1
@@ -40,14 +41,14 @@ _STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def command(lifeline: int, status: int, passed: int | None, argv: list[str]) -> list[str]:
     """The supervisor's command line for an agent run (start it in `HOME`, with the
     agent's directory as CWD in its environment)."""
-    return [sys.executable, "-E", "-S", "-m", "engine.supervisor", str(lifeline), str(status),
-            "-" if passed is None else str(passed), "--", *argv]
+    return [sys.executable, "-E", "-S", "-m", "engine.running.supervisor", str(lifeline),
+            str(status), "-" if passed is None else str(passed), "--", *argv]
 
 
 # where the supervisor starts: `-m` puts the current directory first on sys.path (this
 # engine's own, not the workspace, where an agent may plant an `engine/` package); no
 # site-packages (-S) nor PYTHON* variables (-E) are needed there
-HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _die_with_supervisor() -> None:

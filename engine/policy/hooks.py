@@ -21,9 +21,9 @@ import subprocess
 import time
 from typing import Callable, NamedTuple
 
-from .agents.sandbox import Sandbox
-from .config import HookSpec, OnError
-from .secrets import secret
+from ..running.sandbox import Sandbox
+from ..config import HookSpec, OnError
+from ..secrets import secret
 
 GRACE_SECONDS = 2.0
 _TAIL_BYTES = 4096   # what of a failing hook's output its reason quotes (the last line)
