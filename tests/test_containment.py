@@ -213,7 +213,7 @@ def test_a_finished_runs_setsid_grandchildren_and_daemons_are_stopped(workspace)
             mark("executor.run", ENV["RALPH_RUN_ID"])
         elif ROLE == "reviewer":
             # right after the executor's run: is anything of it still there?
-            from ralph.engine import containment
+            from ralph.engine.running import containment
             left = containment.find(ENV["RALPH_SESSION_DIR"],
                                     open(path("executor.run")).read())
             mark("after-executor.json", json.dumps(sorted(left)))

@@ -24,25 +24,24 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-
 from ralph.session_store import (REFUSED, InterruptedRun, PauseKind, PlannedTask, RunFiles,
-                           Session, outbox)
+                                 Session, outbox)
 from ralph.states import COMPLETION, Next, Trigger
 from ralph.states.context import RoleRun
 
-from ..policy import gates
 from .. import prompt
 from ..agents import (ApprovalHook, Invocation, McpServer, Outcome, containment, preset_for,
                       ralph_argv)
 from ..agents.preset import reported_usd
-from .sandbox import Sandbox
 from ..config import AgentConfig
-from .inlet import Inlet, RunInfo
-from ..policy.limits import LimitKeeper
 from ..mailbox import Mailbox, Mode, Rerun
+from ..policy import gates
+from ..policy.limits import LimitKeeper
 from ..secrets import secret
 from ..tools.approve import Rule
 from ..tracker import Tracker
+from .inlet import Inlet, RunInfo
+from .sandbox import Sandbox
 
 MCP_ENV = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")   # what `ralph mcp` runs with
 
