@@ -24,7 +24,7 @@ LEGEND = ("red: where it stands · blue: visited · trigger ×N (steps i, j): ta
 MAX_NUMBERS = 4            # step numbers shown on one edge
 MAX_LISTED = 24            # steps listed beside the picture
 FORMATS = ("mermaid", "dot", "svg", "png")
-INSTALL_HINT = ("svg and png need Graphviz's `dot` on the PATH (Debian/Ubuntu: "
+INSTALL_HINT = ("png needs Graphviz's `dot` on the PATH (Debian/Ubuntu: "
                 "apt-get install graphviz; macOS: brew install graphviz); mermaid and dot work "
                 "without it")
 
@@ -218,13 +218,17 @@ def _clip(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def graphviz_installed() -> bool:
+    return shutil.which("dot") is not None
+
+
 def render(fmt: str, current: State | None = None, path: SessionPath | None = None) -> bytes:
     if fmt == "mermaid":
         return mermaid(current, path).encode()
     source = dot(current, path)
     if fmt == "dot":
         return source.encode()
-    if shutil.which("dot") is None:
+    if not graphviz_installed():
         raise BadInput(f"--format {fmt}: {INSTALL_HINT}")
     import graphviz
     return graphviz.Source(source).pipe(format=fmt)

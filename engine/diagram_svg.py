@@ -1,4 +1,5 @@
-"""The machine as an SVG ralph draws itself, for the web page: no Graphviz, no network.
+"""The machine as an SVG ralph draws itself, for the web page and for `ralph diagram
+--format svg` where Graphviz is not installed: no Graphviz, no network.
 
 Its edges come from the table (engine/machine/table.py); where each is drawn is placed
 here, by hand, for these six states, so that the picture fits a page's column (810 units
@@ -86,8 +87,9 @@ def _edge_of(step: tuple[str, str, str], drawn: set) -> tuple[str, str, str] | N
     return None   # not a transition of the table: not drawn
 
 
-def svg(current: State, steps: list[tuple[str, str, str]] | None = None) -> str:
-    """The machine with a session on it: `steps` are the (from, trigger, to) it took."""
+def svg(current: State | None = None, steps: list[tuple[str, str, str]] | None = None) -> str:
+    """The machine, with a session on it: where it stands (`current`), and `steps`, the
+    (from, trigger, to) it took; with neither, the machine alone."""
     drawn = edges()
     counts: dict[tuple[str, str, str], int] = {}
     for step in steps or []:
@@ -97,7 +99,8 @@ def svg(current: State, steps: list[tuple[str, str, str]] | None = None) -> str:
     visited = visited_states(steps) if steps is not None else set()
     x, y, w, h = FRAME_BOX
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 {TOP} {WIDTH} {HEIGHT}" '
-             f'class="machine" role="img" aria-label="the session machine, in {current.value}" '
+             f'class="machine" role="img" aria-label="the session machine'
+             f'{", in " + current.value if current else ""}" '
              f'font-family="system-ui, DejaVu Sans, Helvetica, sans-serif">',
              f'<rect class="frame" x="{x}" y="{y}" width="{w}" height="{h}" rx="12" '
              f'fill="#f7f9fc" stroke="#b9c3cf" stroke-dasharray="6 4"/>',
@@ -109,7 +112,7 @@ def svg(current: State, steps: list[tuple[str, str, str]] | None = None) -> str:
     return "\n".join(parts)
 
 
-def _node(state: State, current: State, visited: set[str]) -> str:
+def _node(state: State, current: State | None, visited: set[str]) -> str:
     cx, cy, w = BOXES[state]
     x, y, r = cx - w / 2, cy - BOX_HEIGHT / 2, 8
     if state is current:

@@ -71,14 +71,30 @@ def test_a_paused_session_shows_where_it_stopped_and_how(workspace):
     assert "pause ×1" in out.read_text()
 
 
-def test_without_graphviz_svg_says_how_to_install(workspace, tmp_path):
+def test_without_graphviz_svg_is_drawn_by_ralph_and_png_says_how_to_install(workspace,
+                                                                             tmp_path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     env = base_env(PATH=str(empty))
-    r = ralph(workspace, "diagram", "--format", "svg", env=env)
+    r = ralph(workspace, "diagram", "--format", "png", env=env)
     assert r.returncode == 2 and "apt-get install graphviz" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert ralph(workspace, "diagram", env=env).returncode == 0  # mermaid needs nothing
+    # svg: the picture the web page shows, the machine alone, then with a session on it
+    r = ralph(workspace, "diagram", "--format", "svg", env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("<svg ") and 'aria-label="the session machine"' in r.stdout
+    assert ET.fromstring(r.stdout).tag == "{http://www.w3.org/2000/svg}svg"
+    assert 'class="node current"' not in r.stdout and "×" not in r.stdout
+    assert ralph(workspace, "session", "start", "obj", "--id", "p", "--max-iterations", "1",
+                 env=base_env(**FAST)).returncode == 5
+    out = workspace / "p.svg"
+    r = ralph(workspace, "diagram", "--session", "p", "--format", "svg", "-o", out, env=env)
+    assert r.returncode == 0, r.stderr
+    svg = out.read_text()
+    assert 'aria-label="the session machine, in PAUSED"' in svg
+    assert re.search(r'<g class="node current"><title>PAUSED</title>', svg)
+    assert ">batch_done ×2<" in svg and ">pause ×1<" in svg
 
 
 def test_a_session_diagram_reads_at_a_glance(workspace):

@@ -236,7 +236,8 @@ def _session_list(p) -> None:
 
 def _diagram(p) -> None:
     p.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid",
-                   help="mermaid (default) or dot as text; svg and png need Graphviz")
+                   help="mermaid (default) or dot as text; svg (drawn by Graphviz when "
+                        "it is installed, else by ralph); png needs Graphviz")
     p.add_argument("--session", metavar="ID",
                    help="highlight where this session stands and the path it took")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")

@@ -38,12 +38,18 @@ SIGNAL_ASKS = {"pause": "to pause", "abort": "to abort",
 
 
 def cmd_diagram(args) -> int:
-    from ..diagram import render, session_path
+    from ..diagram import graphviz_installed, render, session_path
     current = taken = None
     if args.session:
         current, taken = session_path(workspace(args),
                                       session_id_of(args, newest_if_none_open=True))
-    data = render(args.format, current, taken)
+    if args.format == "svg" and not graphviz_installed():
+        # the picture the web page shows, which ralph draws itself (Graphviz's adds the
+        # path's numbered list and a legend)
+        from ..diagram_svg import svg
+        data = svg(current, taken.steps if taken else None).encode()
+    else:
+        data = render(args.format, current, taken)
     if args.output:
         from ralph.session_store import write_atomic
         write_atomic(args.output, data, "diagram")
