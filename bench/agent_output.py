@@ -38,7 +38,7 @@ def run(base: str, rounds: int = 3, loud_bytes: int = LOUD_BYTES) -> list[Row]:
                 os.makedirs(ws)
                 with open(os.path.join(ws, "ralph.yml"), "w") as f:
                     yaml.safe_dump(_loud_agent.loud_config(), f)
-                env = session_env(PYTHONPATH=REPO, LOUD_BYTES=str(size))
+                env = session_env(LOUD_BYTES=str(size))
                 done, peak = _loud_agent.engine_measured(
                     ws, ["session", "start", "print a lot", "--id", "s"], env,
                     os.path.join(work, f"{name}-{n}.peak"))

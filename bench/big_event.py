@@ -22,7 +22,6 @@ import time
 from _common import Row, bus_path, median, ms, now, ratio, say
 
 BIG_MIB = 50   # the one event's payload, in MiB
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _append_big_event(session_dir: str) -> int:
@@ -70,8 +69,7 @@ def run(base: str, runs: int = 10) -> list[Row]:
         size = _append_big_event(session.dir)
         say(f"big event: status and tail x {runs} runs, with and without a "
             f"{size / 2**20:.0f} MiB line")
-        # this checkout's ralph, whatever an installed one points to
-        env = dict(os.environ, PYTHONPATH=REPO)
+        env = dict(os.environ)
         commands = {name: [sys.executable, "-m", "ralph.engine", "session", *args]
                     for name, args in (("status", ("status", "{sid}")),
                                        ("tail", ("tail", "{sid}", "-n", "5")))}

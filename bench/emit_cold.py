@@ -34,7 +34,8 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
         commands = {
             "base": [py, "-c", "pass"],
             "ralph": [ralph, "emit", "bench.tick", "from the console script"],
-            "module": [py, "-m", "ralph.engine", "emit", "bench.tick", "from python -m engine"],
+            "module": [py, "-m", "ralph.engine", "emit", "bench.tick",
+                       "from python -m ralph.engine"],
             "libs": [py, "-c", "import transitions, attrs, yaml"],
             "nosite": [py, "-S", "-c", "pass"],
             # a CLI's pre-tool hook on a call no rule names: the engine's reply is `pass`
@@ -73,7 +74,7 @@ def run(base: str, runs: int = 30, warmup: int = 3) -> list[Row]:
             note=f"+{ms(med['hook'] - med['base'], 1)} over the interpreter: a round trip "
                  f"through the outbox to the engine and back, before each tool call a rule "
                  f"could name"),
-        Row("2 emit cold start", "`python -m engine emit`, median",
+        Row("2 emit cold start", "`python -m ralph.engine emit`, median",
             ms(med["module"], 1), base_label, ratio(med["module"], med["base"]),
             note=f"+{ms(med['module'] - med['base'], 1)} over the interpreter"),
         Row("2 emit cold start", "context: `python -c \"import transitions, attrs, yaml\"`",

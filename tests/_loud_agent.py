@@ -27,7 +27,7 @@ _MEASURED = ("import atexit, os, runpy, sys\n"
              "        f.write(next(l for l in s if l.startswith('VmHWM:')).split()[1])\n"
              "atexit.register(peak)\n"
              "sys.argv[0] = 'ralph'\n"
-             "runpy.run_module('engine', run_name='__main__', alter_sys=True)\n")
+             "runpy.run_module('ralph.engine', run_name='__main__', alter_sys=True)\n")
 
 
 def engine_measured(workspace: str, args: list[str], env: dict, peak_file: str,

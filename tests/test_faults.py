@@ -58,7 +58,7 @@ def test_threads_and_processes_rewriting_one_file_never_tear_it(tmp_path):
             except Exception as e:  # noqa: BLE001
                 errors.append(f"reader: {type(e).__name__}: {e}")
 
-    script = ("import sys, yaml\nfrom session_store import write_atomic\n"
+    script = ("import sys, yaml\nfrom ralph.session_store import write_atomic\n"
               "for i in range(200):\n"
               "    write_atomic(sys.argv[1], yaml.safe_dump({'who': f'p{sys.argv[2]}-{i}', "
               f"'pad': {PAD!r}}}))\n")

@@ -23,7 +23,7 @@ PROBE = ("import atexit, sys\n"
          f"atexit.register(lambda: print('LOADED', sorted({{m.split('.')[0] for m in "
          f"sys.modules}} & {set(HEAVY)!r}), file=sys.stderr))\n"
          "sys.argv = ['ralph', *sys.argv[1:]]\n"
-         "from engine.entry import main\nmain()\n")
+         "from ralph.engine.entry import main\nmain()\n")
 MCP_CALLS = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},

@@ -222,7 +222,7 @@ def test_lock_refuses_a_second_holder_and_is_reclaimed_after_death(workspace):
     s = create(str(workspace), "obj", now=NOW, session_id="s1")
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from session_store import acquire_lock; "
+         "import sys, time; from ralph.session_store import acquire_lock; "
          # the wait is what is proven: it holds the lock until killed
          "acquire_lock(sys.argv[1], 's1'); print('held', flush=True); time.sleep(60)", s.dir],
         env=base_env(), cwd=REPO, stdout=subprocess.PIPE, text=True)

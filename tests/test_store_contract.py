@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 
 import pytest
 
-from support import REPO
 from ralph import session_store
 from ralph.session_store import create, load
 from ralph.session_store._events import complete_size   # the file backend's own (FileStore)
@@ -86,7 +85,7 @@ class PostgresStore(FileStore):
     def tear(self, session, key: str) -> None:
         """A writer killed inside its transaction, its keyed row inserted, not committed."""
         r = subprocess.run([sys.executable, "-c", PG_CHILD, json.dumps(self.spec(session)),
-                            key, "in_transaction"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            key, "in_transaction"], env=os.environ,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr)
 
@@ -329,9 +328,8 @@ def test_kill_9_at_each_step_leaves_the_key_done_iff_its_line_is_whole(
     child, points = KILL_POINTS[backend]
     s = store.new()
     s.once("other", "t")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-c", child, json.dumps(store.spec(s)), "k", point],
-                       env=env, capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
     assert store.torn(s) is (point == "torn")
     nxt = store.reopen(s)

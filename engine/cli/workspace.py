@@ -88,7 +88,7 @@ def cmd_init(args) -> int:
     path = args.output or shown_path(os.path.join(workspace(args), "ralph.yml"))
     if os.path.exists(path) and not args.force:
         raise bad(f"{path} already exists; use --force to overwrite it")
-    write_atomic(path, resources.files("engine").joinpath("ralph.yml.template").read_text(),
+    write_atomic(path, resources.files("ralph.engine").joinpath("ralph.yml.template").read_text(),
                  "config")
     print(f"wrote {path}")
     return EXIT_OK

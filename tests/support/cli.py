@@ -16,10 +16,11 @@ FAST = {"RALPH_DEMO_SLEEP_SCALE": "0"}
 
 def base_env(**extra) -> dict:
     """This process's environment without any RALPH_* (but the demo's sleep scale and the
-    test run's state directory), with the repository importable, plus `extra`."""
+    test run's state directory), plus `extra`. ralph runs as installed (`pip install -e`),
+    as a user's does: the repository is not put on the path, where its folders would be
+    importable as top-level packages no user has."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("RALPH_") or k in ("RALPH_DEMO_SLEEP_SCALE", "RALPH_STATE_DIR")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
