@@ -1,16 +1,19 @@
 """ralph installs under one import namespace: its three folders as ralph.engine,
 ralph.states and ralph.session_store, so nothing generic (`engine`, `states`, ...) lands at
-the top of site-packages, and running it needs no test tools."""
+the top of site-packages, running it needs no test tools, and the wheel, installed, works
+from anywhere (no file of the repository on its path)."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
+from pathlib import Path
 
 import pytest
 
-from support import REPO
+from support import FAST, REPO, base_env
 
 FOLDERS = ("engine", "states", "session_store")
 
@@ -34,13 +37,19 @@ def test_running_needs_no_test_tools():
         assert tool not in needed, f"{tool} is a dependency of running ralph"
 
 
-@pytest.mark.slow
-def test_the_wheel_holds_only_the_ralph_namespace(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    built = tmp_path_factory.mktemp("wheel")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-                           "--wheel-dir", str(tmp_path), str(REPO)],
+                           "--wheel-dir", str(built), str(REPO)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    [wheel] = tmp_path.glob("ralph-*.whl")
+    [found] = built.glob("ralph-*.whl")
+    return found
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_only_the_ralph_namespace(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"ralph", next(t for t in tops if t.endswith(".dist-info"))}, tops
@@ -51,3 +60,41 @@ def test_the_wheel_holds_only_the_ralph_namespace(tmp_path):
     assert any(n.startswith("ralph/engine/channels/web/static/") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "ralph = ralph.engine.entry:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_inits_and_runs_a_session_outside_the_repository(wheel, tmp_path):
+    """As a user has it: the wheel in a venv of its own (its dependencies seen through a
+    path entry, where this run's editable ralph is not), run from a directory outside the
+    repository: `ralph init`, `validate`, and a whole demo session, its runs confined and
+    supervised from the installed package."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    # a path entry, not a site directory: its .pth files (the editable ralph's) are not run
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                           "--no-deps", "--quiet", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ws = tmp_path / "project"
+    ws.mkdir()
+    env = base_env(**FAST)
+
+    def ralph(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([venv / "bin" / "ralph", *args], cwd=ws, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    where = subprocess.run([python, "-c", "import ralph.engine; print(ralph.engine.__file__)"],
+                           cwd=ws, env=env, capture_output=True, text=True, check=True)
+    assert where.stdout.startswith(str(site)), where.stdout
+    r = ralph("init")
+    assert r.returncode == 0 and (ws / "ralph.yml").exists(), r.stderr
+    assert ralph("validate").returncode == 0
+    r = ralph("session", "start", "Build a greeting CLI", "--id", "installed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "session installed completed" in r.stdout, r.stdout
