@@ -109,16 +109,19 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(os.path.join(root, ""))
 
 
-def check_paths(config: Config, workspace: str, source: str | None) -> None:
+def check_paths(config: Config, workspace: str, source: str | None,
+                all_errors: bool = False) -> None:
     """The paths the engine writes (knowledge.docs_dir, blockers.trace_path) stay inside
-    the workspace unless `outside_allowed`."""
+    the workspace unless `outside_allowed` (BadInput: the first that does not, or every
+    one with `all_errors`)."""
     if outside_allowed(workspace, source):
         return
     real = os.path.realpath(workspace)
-    for where, value in (("knowledge.docs_dir", config.knowledge.docs_dir),
-                         ("blockers.trace_path", config.blockers.trace_path)):
-        if value and not inside(os.path.realpath(os.path.join(
-                workspace, os.path.expanduser(value))), real):
-            raise BadInput(f"{source or 'the config'}: $.{where}: {value!r} leads outside the "
-                           f"workspace; only a config file outside the workspace (-c) may "
-                           f"point there")
+    found = [f"{source or 'the config'}: $.{where}: {value!r} leads outside the workspace; "
+             f"only a config file outside the workspace (-c) may point there"
+             for where, value in (("knowledge.docs_dir", config.knowledge.docs_dir),
+                                  ("blockers.trace_path", config.blockers.trace_path))
+             if value and not inside(os.path.realpath(os.path.join(
+                 workspace, os.path.expanduser(value))), real)]
+    if found:
+        raise BadInput("\n".join(found if all_errors else found[:1]))

@@ -10,6 +10,7 @@ from ralph.states.context import IterationView, RoleRun, Streaks
 
 from .policy.attempts import run_until_outcome
 from .mailbox import Mode
+from .views import resume_command
 
 
 class Work:
@@ -34,6 +35,9 @@ class Work:
 
     def now(self):
         return self._tracker.clock.now()
+
+    def resume_command(self) -> str:
+        return resume_command(self._session.id, self._session.workspace)
 
     # --- the iteration ---
 

@@ -47,7 +47,7 @@ from .machine import Hook, SessionMachine
 from .mailbox import Mailbox, Mode
 from .running.runner import AgentRunner, RunResult, limit_reached
 from .tracker import Tracker
-from .views import MAX_STDERR_TAIL, failed_run_text
+from .views import MAX_STDERR_TAIL, failed_run_text, resume_command
 from .parallel import ParallelBatch
 from .workspace_git import TaskCommits, WorkspaceGit
 
@@ -267,7 +267,7 @@ class Engine:
         except (DiskFault, OSError):
             pass   # not even that fits (a read-only disk): the console says it
         self.say(f"paused: {fault}; free space or repair the disk, then: "
-                 f"ralph session resume {self.session.id}")
+                 f"{resume_command(self.session.id, self.session.workspace)}")
         return 3
 
     def fire(self, nxt: Next) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ralph.session_store import BadInput, list_ids, load, unstructure
+from ralph.session_store import BadInput, Status, list_ids, load, unstructure
 
 from .safe_text import field, printable
-from .views import age_text, engine_stopped, limit_view, place_view, standing, standing_on_disk
+from .views import (age_text, engine_stopped, limit_view, place_view, resume_command, standing,
+                    standing_on_disk)
 
 
 def list_views(workspace: str) -> list[dict]:
@@ -32,6 +33,8 @@ def list_views(workspace: str) -> list[dict]:
             "updated_at": m.updated_at.isoformat(),
             "age_seconds": round((now - m.updated_at).total_seconds()),
             "objective": m.objective.splitlines()[0] if m.objective else "",
+            "resume_command": resume_command(sid, workspace)
+            if pid is None and m.status in (Status.PAUSED, Status.ACTIVE) else None,
             **_human_wait(session, now), **place_view(session)})
     # who waits on a human first (longest wait first), then paused ones, then the rest;
     # newest first within each group
@@ -79,7 +82,7 @@ def list_text(views: list[dict]) -> str:
             printable(v["pause_reason"]) if v["pause_reason"] else "",
             printable(v["waiting"]) if v["waiting"] else "",
             _waiting_text(v),
-            f"resume: ralph session resume {v['session_id']}" if status == "interrupted"
+            f"resume: {v['resume_command']}" if status == "interrupted"
             else "") if note]
         lines.append(f"{v['session_id']:<{width}}  {status:<11} {state:<18} "
                      f"{v['iteration']:>4} {age_text(v['age_seconds']):>6}  {'; '.join(notes)}"

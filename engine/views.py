@@ -3,6 +3,8 @@ then text rendered from it."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from datetime import datetime, timezone
 
 from ralph.session_store import (PauseKind, State, Status, load, progress,
@@ -28,11 +30,22 @@ def failed_run_text(f: dict) -> str:
             f"{printable(f['log'])}")
 
 
-def _resume_command(meta, running: bool) -> str | None:
+def resume_command(session_id: str, workspace: str) -> str:
+    """`ralph session resume ID`, naming the workspace when it is not the current directory
+    (relative to it when inside it): a command to copy and run where it is read."""
+    here, there = os.getcwd(), os.path.abspath(workspace)
+    if there == here:
+        return f"ralph session resume {session_id}"
+    inside = os.path.relpath(there, here)
+    shown = there if inside.startswith("..") else inside
+    return f"ralph session resume {session_id} --workspace {shlex.quote(shown)}"
+
+
+def _resume_command(meta, running: bool, workspace: str) -> str | None:
     """For a paused session, or an interrupted one (active, but no engine holds it)."""
     if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
         return None
-    base = f"ralph session resume {meta.session_id}"
+    base = resume_command(meta.session_id, workspace)
     held = limit_still_reached(meta)
     if held is not None:   # the flag that lets it go on, and its least value
         key, _, least = held
@@ -88,7 +101,7 @@ def session_view(workspace: str, session_id: str, last_events: int = 10) -> dict
         "pause_reason": reason,
         "pause_kind": m.orchestrator.pause_kind.value if m.orchestrator.pause_kind else None,
         **limit_view(m),
-        "resume_command": _resume_command(m, pid is not None),
+        "resume_command": _resume_command(m, pid is not None, workspace),
         # paused by a limit that still holds: the one a resume must raise (the page asks)
         "limit_to_raise": dict(zip(("limit", "why", "least"), held))
         if (held := limit_still_reached(m)) else None,
@@ -209,7 +222,7 @@ def answer_outcome(session, question) -> str:
     """What becomes of an answer, said to whoever gives it (the CLI, the web page)."""
     from ralph.session_store import questions
     running = session.running_pid() is not None
-    resume = f"when the session is resumed (ralph session resume {session.id})"
+    resume = f"when the session is resumed ({resume_command(session.id, session.workspace)})"
     if question.kind == "approval":
         if question.status is questions.QuestionStatus.TIMED_OUT:
             return "the approval had timed out (its rule's default decided the call): " \
@@ -276,7 +289,7 @@ def status_text(v: dict) -> str:
         lines.append(f"paused: {printable(v['pause_reason'])}")
     if v["waiting"]:
         w = v["limit_wait"]
-        now = f"ralph session resume {v['session_id']} --now"
+        now = f"{v['resume_command'] or resume_command(v['session_id'], '.')} --now"
         lines.append(f"{v['waiting']}: the {field(w['role'])}"
                      f"{' ' + field(w['task']) if w['task'] else ''} is retried then ("
                      + (f"to retry sooner, pause it, then: {now}" if v["running"] else

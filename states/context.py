@@ -153,6 +153,9 @@ class StateContext(Protocol):
 
     def say(self, text: str) -> None: ...
 
+    def resume_command(self) -> str:
+        """The command that resumes this session, as the human can run it where they are."""
+
     # --- the current iteration ---
 
     def iteration(self) -> IterationView: ...

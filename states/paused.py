@@ -9,6 +9,6 @@ from .context import StateContext
 def run(ctx: StateContext) -> None:
     o = ctx.metadata.orchestrator
     ctx.say(f"paused in {o.previous_state}: {o.pause_reason}")
-    ctx.say(f"resume with: ralph session resume {ctx.metadata.session_id}"
+    ctx.say(f"resume with: {ctx.resume_command()}"
             + (" --max-iterations N (or --max-runtime S / --max-cost USD)"
                if o.pause_kind is PauseKind.LIMIT else ""))

@@ -267,3 +267,66 @@ def test_validate_warns_of_a_missing_agent_cli(workspace, tmp_path):
     [warning] = r.stderr.splitlines()
     assert warning.startswith("ralph: warning: ralph.yml: agent claude: `claude` is not "
                               "installed"), warning
+
+
+def test_init_makes_its_workspace_and_a_missing_folder_for_a_file_is_one_line(workspace):
+    """`init` makes the workspace it is pointed at, as `session start` does; a file named
+    with -o in a folder that is not there is refused in one line (exit 2), as a slip."""
+    r = ralph(workspace, "--workspace", "new/sub", "init")
+    assert r.returncode == 0 and (workspace / "new/sub/ralph.yml").exists(), r.stderr
+    for args in (("init", "-o", "missing/ralph.yml"),
+                 ("diagram", "--format", "svg", "-o", "missing/machine.svg")):
+        r = ralph(workspace, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr == "ralph: error: missing/" + args[-1].split("/")[1] + \
+            ": cannot write it: No such file or directory\n", r.stderr
+    assert not (workspace / "missing").exists()
+
+
+def test_validate_refuses_all_at_once_what_session_start_takes_only_from_outside(workspace,
+                                                                              tmp_path):
+    """A workspace's ralph.yml (an agent can rewrite it) may not turn the sandbox off, add
+    writable paths or write outside the workspace: `validate` says so as `session start`
+    does, every one of them in one pass; the same file outside the workspace (-c) is
+    valid."""
+    text = "agent:\n  sandbox: none\n  writable: [/tmp/cache]\nknowledge:\n  docs_dir: /tmp/d\n"
+    (workspace / "ralph.yml").write_text(text)
+    r = ralph(workspace, "validate")
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 3, r.stdout + r.stderr
+    assert all(line.startswith("ralph: error: ralph.yml: $.") for line in lines), lines
+    assert [line.split(": ")[3] for line in lines] == [
+        "$.knowledge.docs_dir", "$.agent.sandbox", "$.agent.writable"], lines
+    assert "valid" not in r.stdout
+    r = ralph(workspace, "session", "start", "obj")
+    assert r.returncode == 2 and r.stderr.splitlines()[0] == lines[0], r.stderr
+    outside = tmp_path / "mine.yml"
+    outside.write_text(text)
+    r = ralph(workspace, "validate", "-c", outside)
+    assert r.returncode == 0 and r.stdout == f"{outside}: valid\n", r.stdout + r.stderr
+
+
+def test_each_resume_command_printed_runs_where_it_is_printed(workspace):
+    """Started with --workspace, a session's resume command names the workspace as it was
+    given (relative to where the human is), on the console when it pauses, in `status`
+    and its JSON; copied and run from there, it resumes the session."""
+    env = base_env(**FAST)
+    r = ralph(workspace, "--workspace", "demo", "session", "start", "obj", "--id", "p1",
+              "--max-iterations", "1", env=env)
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "resume with: ralph session resume p1 --workspace demo --max-iterations N" \
+        in r.stdout, r.stdout
+    status = ralph(workspace, "--workspace", "demo", "session", "status", "p1").stdout
+    [said] = [line for line in status.splitlines() if line.startswith("resume: ")]
+    command = said.removeprefix("resume: ")
+    assert command == "ralph session resume p1 --workspace demo --max-iterations N (N at least 2)"
+    view = json.loads(ralph(workspace, "--workspace", "demo", "session", "status", "p1",
+                            "--json").stdout)
+    assert view["resume_command"] == command
+    # inside the workspace, the bare command
+    inside = ralph(workspace / "demo", "session", "status", "p1").stdout
+    assert "resume: ralph session resume p1 --max-iterations N (N at least 2)" in inside
+    argv = command.removesuffix(" (N at least 2)").replace(" N", " 2").split()[1:]
+    r = ralph(workspace, *argv, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "session p1 completed" in r.stdout

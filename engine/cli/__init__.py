@@ -3,7 +3,6 @@ never pays for yaml, attrs or transitions."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 
 from .common import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM
@@ -76,10 +75,9 @@ def _how_to_resume(args) -> str:
     session_id = getattr(args, "engine_session", None)
     if session_id is None:
         return ""
+    from ..views import resume_command
     from .common import workspace
-    where = workspace(args)
-    flag = "" if where == os.getcwd() else f" --workspace {shlex.quote(where)}"
-    return f"; the session is resumable: ralph session resume {session_id}{flag}"
+    return f"; the session is resumable: {resume_command(session_id, workspace(args))}"
 
 
 def _leave_objects_to_the_exit() -> None:

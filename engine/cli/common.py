@@ -23,6 +23,16 @@ def workspace(args) -> str:
     return os.path.abspath(path)
 
 
+def write_output(path: str, data: str | bytes, kind: str) -> None:
+    """A file the human named, written whole (atomically); a folder that is not there, or
+    one that may not be written, is said in one line (exit 2)."""
+    from ralph.session_store import write_atomic
+    try:
+        write_atomic(path, data, kind)
+    except OSError as e:
+        raise bad(f"{path}: cannot write it: {e.strerror or e}") from None
+
+
 def config_file(args) -> str | None:
     """The config a command uses: `-c PATH` as given (relative to the current directory),
     else the workspace's ralph.yml when there is one, else None (every default)."""

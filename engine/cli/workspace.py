@@ -6,13 +6,13 @@ import sys
 
 from ..safe_text import printable
 from .common import (EXIT_OK, bad, channel_errors, config_file, human_only, open_session,
-                     session_id_of,
-                     shown_path, workspace)
+                     session_id_of, shown_path, workspace, write_output)
 
 
 def cmd_signal(args) -> int:
 
     from ..clock import SystemClock
+    from ..views import resume_command
     human_only("signal")
     if args.priority and args.type != "steer":
         raise bad("--priority is for steer signals only")
@@ -24,7 +24,8 @@ def cmd_signal(args) -> int:
                                 target=args.target, iteration=args.iteration,
                                 priority=args.priority)
     when = "its engine takes it at its next step" if session.running_pid() is not None \
-        else f"no engine runs it: taken when it is resumed (ralph session resume {session.id})"
+        else f"no engine runs it: taken when it is resumed " \
+             f"({resume_command(session.id, session.workspace)})"
     print(f"asked session {session.id} {SIGNAL_ASKS[args.type]}"
           + ("" if args.target.upper() == "ALL" else f" (for the {printable(args.target)})")
           + f"; {when} (signal file {name})")
@@ -51,8 +52,7 @@ def cmd_diagram(args) -> int:
     else:
         data = render(args.format, current, taken)
     if args.output:
-        from ralph.session_store import write_atomic
-        write_atomic(args.output, data, "diagram")
+        write_output(args.output, data, "diagram")
         print(f"wrote {args.output}")
     else:
         sys.stdout.buffer.write(data if data.endswith(b"\n") or args.format == "png"
@@ -82,14 +82,17 @@ def cmd_web(args) -> int:
 
 def cmd_init(args) -> int:
     from importlib import resources
-
-    from ralph.session_store import write_atomic
     human_only("init")
-    path = args.output or shown_path(os.path.join(workspace(args), "ralph.yml"))
+    if args.output:
+        path = args.output
+    else:   # the workspace is made if need be, as `session start` makes it
+        where = workspace(args)
+        os.makedirs(where, exist_ok=True)
+        path = shown_path(os.path.join(where, "ralph.yml"))
     if os.path.exists(path) and not args.force:
         raise bad(f"{path} already exists; use --force to overwrite it")
-    write_atomic(path, resources.files("ralph.engine").joinpath("ralph.yml.template").read_text(),
-                 "config")
+    write_output(path, resources.files("ralph.engine").joinpath("ralph.yml.template")
+                 .read_text(), "config")
     print(f"wrote {path}")
     return EXIT_OK
 
@@ -101,6 +104,17 @@ def cmd_validate(args) -> int:
     if not os.path.exists(path):
         raise bad(f"{path}: no such config file")
     config = cfg.load(path, all_errors=True, channels=channel_errors)
+    from ralph.session_store import BadInput
+
+    from ..running.sandbox import check_config
+    placed = []   # what `session start` refuses from a config in the workspace, all at once
+    for check in (cfg.check_paths, check_config):
+        try:
+            check(config, workspace(args), path, all_errors=True)
+        except BadInput as e:
+            placed.append(str(e))
+    if placed:
+        raise BadInput("\n".join(placed))
     print(f"{path}: valid")
     from .sessions import preflight_problems
     for problem in preflight_problems(config):   # valid, but `session start` would refuse

@@ -17,6 +17,7 @@ from ralph.session_store import BadInput, PauseKind, Status
 from ralph.states import COMPLETION, Next, Trigger
 
 from ..config import OnError
+from ..views import resume_command
 from .hooks import Hooks
 
 
@@ -39,7 +40,8 @@ class LifecycleHooks:
             return None
         if failure.on_error is OnError.BLOCK:
             raise BadInput(f"session {self.session.id} not run: refused by {failure.reason}; "
-                           f"it is left as it stood: ralph session resume {self.session.id} "
+                           f"it is left as it stood: "
+                           f"{resume_command(self.session.id, self.session.workspace)} "
                            f"once the hook passes")
         return Next(Trigger.PAUSE, failure.reason, PauseKind.HOOK)
 

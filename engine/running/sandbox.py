@@ -165,22 +165,26 @@ class Sandbox:
                                      f"{hint}")
 
 
-def check_config(config, workspace: str, source: str | None) -> None:
+def check_config(config, workspace: str, source: str | None, all_errors: bool = False) -> None:
     """Only the human loosens the sandbox: `agent.sandbox: none` and `agent.writable` come
-    from a config outside the workspace (an agent can rewrite the workspace's ralph.yml)."""
+    from a config outside the workspace (an agent can rewrite the workspace's ralph.yml).
+    BadInput: the first that does not, or both with `all_errors`."""
     from ralph.session_store import BadInput
 
     from ..config import SandboxMode, outside_allowed
     if outside_allowed(workspace, source):
         return
+    found = []
     if config.agent.sandbox is SandboxMode.NONE:
-        raise BadInput(f"{source}: $.agent.sandbox: none is taken only from a config outside "
-                       f"the workspace (-c), or from `--sandbox none`: agents can rewrite "
-                       f"this file")
+        found.append(f"{source}: $.agent.sandbox: none is taken only from a config outside "
+                     f"the workspace (-c), or from `--sandbox none`: agents can rewrite "
+                     f"this file")
     if config.agent.writable:
-        raise BadInput(f"{source}: $.agent.writable: paths an agent may write are taken only "
-                       f"from a config outside the workspace (-c): agents can rewrite this "
-                       f"file")
+        found.append(f"{source}: $.agent.writable: paths an agent may write are taken only "
+                     f"from a config outside the workspace (-c): agents can rewrite this "
+                     f"file")
+    if found:
+        raise BadInput("\n".join(found if all_errors else found[:1]))
 
 
 def find(hidden: tuple[str, ...] = (), writable: tuple[str, ...] = (),
