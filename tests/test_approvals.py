@@ -151,6 +151,8 @@ def test_rules_are_checked_and_a_workspace_config_cannot_loosen_them(workspace):
         assert refused.returncode == 2, refused
         assert f"$.agent.approve: {why}, unlike session s1, and agents can rewrite this " \
             f"file" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+        checked = ralph(workspace, "validate")   # says what `session start` refuses
+        assert checked.returncode == 2 and checked.stderr == refused.stderr, checked
 
 
 def test_the_strictest_rule_decides_and_an_open_approval_ends_with_its_session(workspace):

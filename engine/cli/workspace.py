@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 from ..safe_text import printable
 from .common import (EXIT_OK, bad, channel_errors, config_file, human_only, open_session,
@@ -106,11 +107,13 @@ def cmd_validate(args) -> int:
     config = cfg.load(path, all_errors=True, channels=channel_errors)
     from ralph.session_store import BadInput
 
+    from ..config_started import check_approvals_as_started
     from ..running.sandbox import check_config
     placed = []   # what `session start` refuses from a config in the workspace, all at once
-    for check in (cfg.check_paths, check_config):
+    for check in (partial(cfg.check_paths, all_errors=True),
+                  partial(check_config, all_errors=True), check_approvals_as_started):
         try:
-            check(config, workspace(args), path, all_errors=True)
+            check(config, workspace(args), path)
         except BadInput as e:
             placed.append(str(e))
     if placed:
