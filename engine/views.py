@@ -41,15 +41,21 @@ def resume_command(session_id: str, workspace: str) -> str:
     return f"ralph session resume {session_id} --workspace {shlex.quote(shown)}"
 
 
+def higher_limit_flag(held: tuple[str, str, str]) -> str:
+    """For a limit that still holds (`limit_still_reached`): the flag that lets the session
+    go on, and its least value."""
+    key, _, least = held
+    return f" --{key.replace('_', '-')} N (N {least})"
+
+
 def _resume_command(meta, running: bool, workspace: str) -> str | None:
     """For a paused session, or an interrupted one (active, but no engine holds it)."""
     if meta.status not in (Status.PAUSED, Status.ACTIVE) or running:
         return None
     base = resume_command(meta.session_id, workspace)
     held = limit_still_reached(meta)
-    if held is not None:   # the flag that lets it go on, and its least value
-        key, _, least = held
-        return base + f" --{key.replace('_', '-')} N (N {least})"
+    if held is not None:
+        return base + higher_limit_flag(held)
     if meta.orchestrator.state is State.PAUSED and meta.orchestrator.pause_kind is PauseKind.LIMIT:
         return base + " --max-iterations N (or --max-runtime S / --max-cost USD)"
     return base

@@ -28,7 +28,7 @@ import pytest
 from support import (EVIDENCE, FAST, RALPH, REPO, base_env, events, finish, metadata,
                      new_session, only_session, progress_markers, ralph, session_dirs, spawn,
                      wait_for, work_dir, write_config)
-from ralph.engine.running import containment
+from ralph.engine.running import containment, procfs
 from ralph.engine.agents.presets import Claude, Codex, RunSetup
 
 # What every stand-in agent shares (written to the workspace as agentlib.py; the agents
@@ -166,13 +166,8 @@ def alive(proc: tuple[int, str]) -> bool:
     """The process recorded as (pid, starttime) is running (a zombie is not: it has
     exited, only its parent has not reaped it)."""
     pid, start_time = proc
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[0] != b"Z" and fields[19].decode() == start_time
+    found = procfs.live(pid)
+    return found is not None and str(found[1]) == start_time
 
 
 def marked(sd: Path, run: str | None = None) -> set[int]:

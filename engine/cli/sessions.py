@@ -223,13 +223,12 @@ def cmd_resume(args) -> int:
         config = cfg.load_session_config(session)
         return _run(session, config, *_sandbox(config, args, ws, session.metadata.config_path),
                     resume=True)
-    from ..views import limit_still_reached, resume_command
+    from ..views import higher_limit_flag, limit_still_reached, resume_command
     if held := limit_still_reached(session.metadata, max_iterations=args.max_iterations,
                                    max_runtime=args.max_runtime, max_cost=args.max_cost):
-        key, why, least = held
         raise bad(f"session {session.id} paused at its limit and would pause again at once "
-                  f"({why}): resume it with a higher limit: "
-                  f"{resume_command(session.id, session.workspace)} --{key.replace('_', '-')} N (N {least})")
+                  f"({held[1]}): resume it with a higher limit: "
+                  f"{resume_command(session.id, session.workspace)}{higher_limit_flag(held)}")
     config = cfg.load_session_config(session)
     check_channels(config, session.metadata.config_path or session.config_snapshot()[1])
     cfg.check_paths(config, ws, session.metadata.config_path)

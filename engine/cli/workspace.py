@@ -99,21 +99,21 @@ def cmd_init(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from ralph.session_store import BadInput
+
     from .. import config as cfg
-    from ..config_started import unpinned
-    path = args.config or shown_path(os.path.join(workspace(args), "ralph.yml"))
+    from ..config_started import check_approvals_as_started, unpinned
+    from ..running.sandbox import check_config
+    ws = workspace(args)
+    path = args.config or shown_path(os.path.join(ws, "ralph.yml"))
     if not os.path.exists(path):
         raise bad(f"{path}: no such config file")
     config = cfg.load(path, all_errors=True, channels=channel_errors)
-    from ralph.session_store import BadInput
-
-    from ..config_started import check_approvals_as_started
-    from ..running.sandbox import check_config
     placed = []   # what `session start` refuses from a config in the workspace, all at once
     for check in (partial(cfg.check_paths, all_errors=True),
                   partial(check_config, all_errors=True), check_approvals_as_started):
         try:
-            check(config, workspace(args), path)
+            check(config, ws, path)
         except BadInput as e:
             placed.append(str(e))
     if placed:
@@ -123,7 +123,7 @@ def cmd_validate(args) -> int:
     for problem in preflight_problems(config):   # valid, but `session start` would refuse
         print(f"ralph: warning: {path}: {problem}: `session start` refuses it here",
               file=sys.stderr, flush=True)
-    found = unpinned(config, workspace(args), path)
+    found = unpinned(config, ws, path)
     if found is not None:   # said, not refused: `session start` is where it is decided
         print(f"ralph: warning: {path}: what it runs changed since session "
               f"{found.session_id} started ({found.paths()}): `session start` refuses it "
